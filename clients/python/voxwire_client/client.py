@@ -1,0 +1,242 @@
+"""An asyncio client for protocol v1 (docs/protocol.md in the Voxwire repository).
+
+One ``Client`` is one WebSocket. A reader task routes every server message to the
+utterance it names (``ctx``), so several utterances can stream at once on one socket and
+each is consumed with ``async for`` independently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import orjson
+import websockets
+
+from voxwire_client.formats import to_float32
+
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
+
+
+class ServerError(Exception):
+    """An ``error`` message from the server."""
+
+    def __init__(self, code: str, message: str, ctx: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.ctx = ctx
+
+
+class Closed(ConnectionError):
+    """The connection closed before the utterance ended."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(f"connection closed ({code}): {reason}")
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Audio:
+    ctx: str
+    seq: int
+    offset: int
+    samples: int
+    data: bytes
+    format: str
+    sample_rate: int
+    received_at: float
+
+    def to_float32(self) -> np.ndarray:
+        return to_float32(self.data, self.format)
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    data: dict[str, Any]
+    received_at: float
+
+    @property
+    def ctx(self) -> str | None:
+        return self.data.get("ctx")
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+
+_TERMINAL = frozenset({"done", "cancelled"})
+
+
+class Utterance:
+    """One utterance: send it text, then iterate over its audio and events."""
+
+    def __init__(self, client: Client, ctx: str) -> None:
+        self.client = client
+        self.ctx = ctx
+        self.started: Event | None = None
+        self.sent_at: float | None = None
+        self._inbox: asyncio.Queue[Audio | Event | BaseException] = asyncio.Queue()
+        self._ended = False
+
+    async def send(self, text: str, final: bool = False) -> None:
+        """Add text (an LLM's tokens, say); ``final=True`` says the text is complete."""
+        await self.client._send({"type": "speak", "ctx": self.ctx, "text": text, "final": final})
+
+    async def flush(self) -> None:
+        await self.client._send({"type": "flush", "ctx": self.ctx})
+
+    async def cancel(self) -> None:
+        """Barge-in: the server stops generating and drops what it had queued."""
+        await self.client._send({"type": "cancel", "ctx": self.ctx})
+
+    def __aiter__(self) -> AsyncIterator[Audio | Event]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Audio | Event]:
+        while not self._ended:
+            item = await self._inbox.get()
+            if isinstance(item, BaseException):
+                self._ended = True
+                self.client._utterances.pop(self.ctx, None)
+                raise item
+            if isinstance(item, Event):
+                if item.type == "started":
+                    self.started = item
+                if item.type in _TERMINAL:
+                    self._ended = True
+                    self.client._utterances.pop(self.ctx, None)
+            yield item
+
+    async def collect(self) -> tuple[list[Audio], Event]:
+        """Wait for the whole utterance: its audio frames and its final event."""
+        frames: list[Audio] = []
+        async for item in self:
+            if isinstance(item, Audio):
+                frames.append(item)
+            elif item.type in _TERMINAL:
+                return frames, item
+        raise Closed(None, "the utterance ended without a final event")
+
+
+@dataclass
+class Client:
+    ws: Any
+    ready: dict[str, Any]
+    _utterances: dict[str, Utterance] = field(default_factory=dict)
+    _errors: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    _configured: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _reader: asyncio.Task[None] | None = None
+    _settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    async def connect(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Client:
+        ws = await websockets.connect(url, max_size=None, **kwargs)
+        try:
+            hello = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+        except websockets.ConnectionClosed as e:
+            raise Closed(e.rcvd.code if e.rcvd else None, e.rcvd.reason if e.rcvd else "") from None
+        if hello.get("type") != "ready":
+            await ws.close()
+            raise ServerError(hello.get("code", "protocol"), hello.get("message", f"expected ready, got {hello!r}"))
+        client = cls(ws=ws, ready=hello)
+        client._settings = dict(hello.get("defaults", {}))
+        client._reader = asyncio.create_task(client._read())
+        return client
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.ws.close()
+        if self._reader is not None:
+            await asyncio.wait({self._reader})
+
+    async def configure(self, **settings: Any) -> Event:
+        """Set this connection's defaults (voice, format, sample_rate, chunk_ms, speed)."""
+        await self._send({"type": "config", **settings})
+        get_ok = asyncio.ensure_future(self._configured.get())
+        get_err = asyncio.ensure_future(self._errors.get())
+        done, pending = await asyncio.wait({get_ok, get_err}, return_when=asyncio.FIRST_COMPLETED)
+        for p in pending:
+            p.cancel()
+        if get_err in done:
+            err = get_err.result()
+            raise ServerError(err["code"], err["message"])
+        ev = get_ok.result()
+        self._settings.update({k: v for k, v in ev.data.items() if k != "type"})
+        return ev
+
+    async def speak(self, text: str = "", ctx: str | None = None, final: bool = True, **settings: Any) -> Utterance:
+        """Start an utterance. With ``final=False``, send the rest with ``Utterance.send``."""
+        ctx = ctx or f"c{next(self._ids)}"
+        u = Utterance(self, ctx)
+        self._utterances[ctx] = u
+        u.sent_at = time.perf_counter()
+        await self._send({"type": "speak", "ctx": ctx, "text": text, "final": final, **settings})
+        return u
+
+    async def next_error(self) -> Event:
+        """The next ``error`` that concerns no utterance (a malformed message, say)."""
+        return await self._errors.get()
+
+    async def send_raw(self, data: str | bytes) -> None:
+        """Send a message as it is: for tools and tests of the server's validation."""
+        await self.ws.send(data)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        await self.ws.send(orjson.dumps(message).decode())
+
+    async def _read(self) -> None:
+        closed: BaseException
+        try:
+            async for raw in self.ws:
+                now = time.perf_counter()
+                if isinstance(raw, bytes):
+                    self._route_audio(msgpack.unpackb(raw, raw=False), now)
+                else:
+                    self._route_event(orjson.loads(raw), now)
+            rcvd = self.ws.close_code
+            closed = Closed(rcvd, self.ws.close_reason or "")
+        except websockets.ConnectionClosed as e:
+            closed = Closed(e.rcvd.code if e.rcvd else None, e.rcvd.reason if e.rcvd else "")
+        for u in list(self._utterances.values()):
+            u._inbox.put_nowait(closed)
+
+    def _route_audio(self, frame: dict[str, Any], now: float) -> None:
+        u = self._utterances.get(frame.get("ctx", ""))
+        if u is None:
+            return  # audio for an utterance this client has stopped listening to
+        settings = u.started.data if u.started else self._settings
+        u._inbox.put_nowait(
+            Audio(
+                ctx=frame["ctx"], seq=frame["seq"], offset=frame["offset"], samples=frame["samples"],
+                data=frame["audio"], format=settings["format"], sample_rate=settings["sample_rate"], received_at=now,
+            )
+        )
+
+    def _route_event(self, message: dict[str, Any], now: float) -> None:
+        ev = Event(type=message.get("type", ""), data=message, received_at=now)
+        u = self._utterances.get(ev.ctx) if ev.ctx else None
+        if ev.type == "started" and u is not None:
+            u.started = ev  # now, not when iterated: the audio that follows is decoded by it
+        if u is not None:
+            if ev.type == "error" and message.get("terminal"):
+                u._inbox.put_nowait(ServerError(ev["code"], ev["message"], ev.ctx))
+            else:
+                u._inbox.put_nowait(ev)
+        elif ev.type == "configured":
+            self._configured.put_nowait(ev)
+        elif ev.type == "error":
+            self._errors.put_nowait(ev)

@@ -1,0 +1,54 @@
+"""A blocking helper for scripts: text in, the whole audio and its figures out."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from voxwire_client.client import DEFAULT_URL, Client
+from voxwire_client.formats import to_float32
+
+
+@dataclass(frozen=True)
+class Result:
+    data: bytes
+    """The audio as it arrived, in ``format``."""
+    format: str
+    sample_rate: int
+    ttfa_ms: float | None
+    """Client-observed: from sending the text to receiving the first audio frame."""
+    chunks: int
+    done: dict[str, Any]
+    """The server's own figures for the utterance."""
+
+    @property
+    def audio(self) -> np.ndarray:
+        return to_float32(self.data, self.format)
+
+    @property
+    def duration(self) -> float:
+        return self.audio.shape[0] / self.sample_rate
+
+
+async def synthesize_async(text: str, url: str = DEFAULT_URL, **settings: Any) -> Result:
+    async with await Client.connect(url) as client:
+        u = await client.speak(text, **settings)
+        frames, done = await u.collect()
+        assert u.started is not None and u.sent_at is not None
+        ttfa = (frames[0].received_at - u.sent_at) * 1000 if frames else None
+        return Result(
+            data=b"".join(f.data for f in frames),
+            format=u.started["format"],
+            sample_rate=u.started["sample_rate"],
+            ttfa_ms=ttfa,
+            chunks=len(frames),
+            done=done.data,
+        )
+
+
+def synthesize(text: str, url: str = DEFAULT_URL, **settings: Any) -> Result:
+    """Speak ``text`` through a Voxwire server; settings: voice, format, sample_rate, ..."""
+    return asyncio.run(synthesize_async(text, url, **settings))

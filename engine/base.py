@@ -1,0 +1,89 @@
+"""The contract between an engine and the worker thread that drives it.
+
+An engine turns one segment of text into audio. It knows nothing of sockets, queues or
+scheduling: the worker owns those. Each ``next()`` on the iterator returned by
+``synthesize`` is one step of computation, so the worker can interleave many utterances
+on one thread and stop one of them between two steps by closing its generator.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Voice:
+    id: str
+    name: str
+    language: str
+    sample_rate: int
+    description: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "language": self.language,
+            "sample_rate": self.sample_rate,
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True)
+class SynthesisParams:
+    voice: str
+    speed: float = 1.0
+
+
+class EngineError(Exception):
+    """A failure the client should hear about, with a stable machine-readable code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Engine(ABC):
+    """A loaded model. All methods but ``voices`` run on the engine's worker thread."""
+
+    name: str
+    sample_rate: int
+    device: str = "cpu"
+
+    @abstractmethod
+    def voices(self) -> Sequence[Voice]:
+        """The voices this engine can speak with now."""
+
+    def has_voice(self, voice_id: str) -> bool:
+        return any(v.id == voice_id for v in self.voices())
+
+    @abstractmethod
+    def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray]:
+        """Yield float32 mono pieces at ``sample_rate`` for one segment of text.
+
+        Raise ``EngineError`` for failures the client can act on; any other exception is
+        reported as an internal engine error for that utterance alone.
+        """
+
+    def register_voice(
+        self, audio: np.ndarray, sample_rate: int, transcript: str, name: str
+    ) -> Voice:
+        """Make a new voice from reference audio (zero-shot cloning engines only)."""
+        raise EngineError(
+            "voice_registration_unsupported", f"the {self.name} engine cannot clone voices"
+        )
+
+    def warmup(self) -> None:
+        """Run one small synthesis so the first real request pays no start-up cost."""
+        voices = self.voices()
+        if voices:
+            for _ in self.synthesize("Warm up.", SynthesisParams(voice=voices[0].id)):
+                pass
+
+    def close(self) -> None:
+        """Release the model. The default holds nothing that needs releasing."""

@@ -1,0 +1,1 @@
+"""Piper VITS voices: the embedded default engine."""

@@ -1,0 +1,97 @@
+"""The bounded hand-off from the inference thread to an asyncio consumer.
+
+The worker thread never blocks on it: it asks ``full()`` before it computes a step for
+the utterance, and skips the utterance while its listener is behind. The bound is in
+samples, not items, because one engine step may yield 40 ms or 4 s of audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Flushed:
+    """All audio for the text before a ``flush`` is now in the queue."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The utterance is complete: nothing follows."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    code: str
+    message: str
+
+
+Item = np.ndarray | Flushed | Finished | Failed
+
+
+class AudioQueue:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        max_samples: int,
+        on_drain: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._loop = loop
+        self._max_samples = max_samples
+        self._on_drain = on_drain
+        self._items: deque[Item] = deque()
+        self._samples = 0
+        self._lock = threading.Lock()
+        self._ready = asyncio.Event()
+
+    @property
+    def samples(self) -> int:
+        return self._samples
+
+    def full(self) -> bool:
+        return self._samples >= self._max_samples
+
+    def put(self, item: Item) -> None:
+        """Called from the worker thread."""
+        with self._lock:
+            self._items.append(item)
+            if isinstance(item, np.ndarray):
+                self._samples += item.shape[0]
+        try:
+            self._loop.call_soon_threadsafe(self._ready.set)
+        except RuntimeError:
+            pass  # the loop has closed: nobody is listening any more
+
+    async def get(self) -> Item:
+        while True:
+            with self._lock:
+                if self._items:
+                    item = self._items.popleft()
+                    was_full = self.full()
+                    if isinstance(item, np.ndarray):
+                        self._samples -= item.shape[0]
+                    drained = was_full and not self.full()
+                    if not self._items:
+                        self._ready.clear()
+                    break
+                self._ready.clear()
+            await self._ready.wait()
+        if drained:
+            self._on_drain()
+        return item
+
+    def clear(self) -> int:
+        """Drop everything queued; return how many samples were dropped."""
+        with self._lock:
+            dropped = self._samples
+            self._items.clear()
+            self._samples = 0
+            self._ready.clear()
+        self._on_drain()
+        return dropped

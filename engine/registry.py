@@ -1,0 +1,45 @@
+"""Engines by name, so the server can build one without knowing any model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.base import Engine, EngineError
+
+ENGINES = ("piper", "cosyvoice2")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    name: str = "piper"
+    device: str = "cpu"
+    piper_backend: str = "onnx"
+    piper_voices: tuple[Path, ...] = ()
+    """Extra Piper voice files; the embedded joe voice is used when none are given."""
+    model_dir: Path = Path("pretrained_models/CosyVoice2-0.5B")
+    voices_dir: Path | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
+    """A function that loads the engine; the worker calls it on its own thread."""
+    if options.name == "piper":
+
+        def piper() -> Engine:
+            from engine.piper.engine import PiperEngine, voice_files_from_path
+
+            voices = [voice_files_from_path(p) for p in options.piper_voices] or None
+            return PiperEngine(voices=voices, backend=options.piper_backend, device=options.device)  # type: ignore[arg-type]
+
+        return piper
+    if options.name == "cosyvoice2":
+
+        def cosyvoice2() -> Engine:
+            from engine.cosyvoice2.engine import CosyVoice2Engine
+
+            return CosyVoice2Engine(options.model_dir, device=options.device, voices_dir=options.voices_dir)
+
+        return cosyvoice2
+    raise EngineError("bad_config", f"unknown engine {options.name!r}; choose one of {', '.join(ENGINES)}")

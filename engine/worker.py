@@ -1,0 +1,279 @@
+"""One inference thread per device: it owns the engine and advances every utterance.
+
+Each utterance keeps its model state in the engine's generator between steps, so many
+utterances are alive at once while the thread advances one of them at a time, in the
+order engine/scheduler.py decides. Callers on the event loop only append text, flush or
+cancel, under the worker's lock; the worker alone touches generators, so a cancelled
+utterance's generator is closed on the thread that runs it, before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine import scheduler
+from engine.base import Engine, EngineError, SynthesisParams
+from engine.queue import AudioQueue, Failed, Finished, Flushed
+from engine.text.segment import Segmenter, SegmenterLimits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStats:
+    steps: int = 0
+    utterances: int = 0
+    generators_closed: int = 0
+    failures: int = 0
+    busy_seconds: float = 0.0
+
+
+class Utterance:
+    """One utterance's state, shared between its session and the worker."""
+
+    def __init__(self, worker: Worker, params: SynthesisParams, queue: AudioQueue, limits: SegmenterLimits) -> None:
+        self.params = params
+        self.queue = queue
+        self.submitted_at = time.monotonic()
+        self.first_audio_at: float | None = None
+        self.produced_samples = 0
+        self.steps = 0
+        self.segments = 0
+        self.compute_seconds = 0.0
+        self.outcome: str | None = None  # finished | failed | cancelled, once it ends
+        self.generator_closed = False
+        self._worker = worker
+        self._segmenter = Segmenter(limits)
+        self._todo: deque[str | Flushed] = deque()
+        self._complete = False
+        self._cancelled = False
+        self._current: Iterator[np.ndarray] | None = None
+
+    # -- called by the session, on the event loop ---------------------------------------
+
+    def feed(self, text: str, final: bool = False) -> None:
+        """Add text; ``final`` says no more follows."""
+        with self._worker._cond:
+            self._todo.extend(self._segmenter.push(text))
+            if final:
+                self._todo.extend(self._segmenter.flush())
+                self._complete = True
+            self._worker._cond.notify()
+
+    def flush(self) -> None:
+        """Synthesise what is buffered now, then mark the point with ``Flushed``."""
+        with self._worker._cond:
+            self._todo.extend(self._segmenter.flush())
+            self._todo.append(Flushed())
+            self._worker._cond.notify()
+
+    def cancel(self) -> None:
+        with self._worker._cond:
+            self._cancelled = True
+            self._worker._cond.notify()
+
+    @property
+    def complete(self) -> bool:
+        return self._complete
+
+    @property
+    def produced_seconds(self) -> float:
+        return self.produced_samples / self._worker.sample_rate
+
+    # -- scheduling (under the worker's lock) -------------------------------------------
+
+    def runnable(self) -> bool:
+        return self.outcome is None and not self._cancelled and (
+            self._current is not None or bool(self._todo) or self._complete
+        )
+
+    def backlogged(self) -> bool:
+        return self.queue.full()
+
+
+class Worker:
+    """Owns an engine on one device and runs the scheduling loop on its own thread."""
+
+    def __init__(
+        self,
+        engine_factory: Callable[[], Engine],
+        max_queue_seconds: float = 5.0,
+        segmenter_limits: SegmenterLimits = SegmenterLimits(),
+        name: str = "voxwire-worker",
+        warmup: bool = True,
+    ) -> None:
+        self.stats = WorkerStats()
+        self.max_queue_seconds = max_queue_seconds
+        self.segmenter_limits = segmenter_limits
+        self.ready = threading.Event()
+        self.load_error: BaseException | None = None
+        self.engine: Engine | None = None
+        self._factory = engine_factory
+        self._warmup = warmup
+        self._cond = threading.Condition()
+        self._utterances: list[Utterance] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> Worker:
+        if not self._thread.is_alive() and not self.ready.is_set():
+            self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait_ready(self, timeout: float | None = None) -> Engine:
+        """Block until the engine is loaded and warm; re-raise a load failure."""
+        if not self.ready.wait(timeout):
+            raise TimeoutError("engine did not load in time")
+        if self.load_error is not None:
+            raise self.load_error
+        assert self.engine is not None
+        return self.engine
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def sample_rate(self) -> int:
+        assert self.engine is not None
+        return self.engine.sample_rate
+
+    @property
+    def active(self) -> int:
+        with self._cond:
+            return len(self._utterances)
+
+    # -- submission (event loop) --------------------------------------------------------
+
+    def submit(self, params: SynthesisParams, loop: asyncio.AbstractEventLoop) -> Utterance:
+        engine = self.wait_ready(0)
+        queue = AudioQueue(loop, int(self.max_queue_seconds * engine.sample_rate), on_drain=self._wake)
+        u = Utterance(self, params, queue, self.segmenter_limits)
+        with self._cond:
+            if self._stopping:
+                raise EngineError("shutting_down", "the server is shutting down")
+            self._utterances.append(u)
+            self.stats.utterances += 1
+            self._cond.notify()
+        return u
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    # -- the inference thread -----------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self.engine = self._factory()
+            if self._warmup:
+                self.engine.warmup()
+        except BaseException as e:  # reported to whoever waits for readiness
+            log.exception("engine failed to load")
+            self.load_error = e
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            self._loop(self.engine)
+        finally:
+            with self._cond:
+                leftover, self._utterances = self._utterances, []
+            for u in leftover:
+                self._end(u, "cancelled", None)
+            self.engine.close()
+
+    def _loop(self, engine: Engine) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopping:
+                        return
+                    cancelled = [u for u in self._utterances if u._cancelled]
+                    for u in cancelled:
+                        self._utterances.remove(u)
+                    chosen = scheduler.pick(self._utterances)
+                    if chosen or cancelled:
+                        break
+                    self._cond.wait()
+            for u in cancelled:
+                self._end(u, "cancelled", None)
+            if chosen:
+                self._advance(engine, chosen[0])
+
+    def _advance(self, engine: Engine, u: Utterance) -> None:
+        if u._current is None:
+            with self._cond:
+                item = u._todo.popleft() if u._todo else None
+            if item is None:  # complete, and every segment has been spoken
+                self._end(u, "finished", Finished())
+                return
+            if isinstance(item, Flushed):
+                u.queue.put(item)
+                return
+            u.segments += 1
+        else:
+            item = None
+        start = time.perf_counter()
+        try:
+            if item is not None:
+                u._current = iter(engine.synthesize(item, u.params))
+            assert u._current is not None
+            piece = next(u._current)
+        except StopIteration:
+            u._current = None
+            return
+        except EngineError as e:
+            self._end(u, "failed", Failed(e.code, e.message))
+            return
+        except Exception as e:  # contained: this utterance fails, the others go on
+            log.exception("engine error in utterance")
+            self._end(u, "failed", Failed("engine_error", f"the engine failed: {type(e).__name__}: {e}"))
+            return
+        finally:
+            elapsed = time.perf_counter() - start
+            u.compute_seconds += elapsed
+            u.steps += 1
+            self.stats.steps += 1
+            self.stats.busy_seconds += elapsed
+        piece = np.asarray(piece, dtype=np.float32).reshape(-1)
+        if piece.size:
+            if u.first_audio_at is None:
+                u.first_audio_at = time.monotonic()
+            u.produced_samples += piece.size
+            u.queue.put(piece)
+
+    def _end(self, u: Utterance, outcome: str, item: Finished | Failed | None) -> None:
+        if u._current is not None:
+            try:
+                u._current.close()
+            except Exception:
+                log.exception("engine generator failed to close")
+            u._current = None
+            self.stats.generators_closed += 1
+        u.generator_closed = True
+        u.outcome = outcome
+        if outcome == "failed":
+            self.stats.failures += 1
+        with self._cond:
+            if u in self._utterances:
+                self._utterances.remove(u)
+        if item is not None:
+            u.queue.put(item)

@@ -1,0 +1,1 @@
+"""The Voxwire server: protocol v1 over WebSocket, in front of an engine worker."""

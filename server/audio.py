@@ -1,0 +1,132 @@
+"""From an engine's float32 audio to the frames a client asked for.
+
+One stateful stream per utterance: resample (soxr, keeping its filter state across
+chunks, so chunked output equals whole-signal output), cut into fixed-duration frames,
+and encode. This module is the single place where output formats are defined.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import numpy as np
+import soxr
+
+Format = Literal["pcm_s16le", "pcm_f32le", "mulaw"]
+FORMATS: tuple[str, ...] = get_args(Format)
+BYTES_PER_SAMPLE: dict[str, int] = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1}
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
+MIN_CHUNK_MS, MAX_CHUNK_MS = 150, 250
+
+_MULAW_BIAS = 0x84
+_MULAW_CLIP = 32635
+
+
+def to_int16(x: np.ndarray) -> np.ndarray:
+    return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def mulaw_encode(x: np.ndarray) -> np.ndarray:
+    """G.711 mu-law, from float samples in [-1, 1] to bytes."""
+    pcm = to_int16(x).astype(np.int32)
+    sign = (pcm < 0).astype(np.int32) << 7
+    magnitude = np.minimum(np.abs(pcm), _MULAW_CLIP) + _MULAW_BIAS
+    exponent = np.floor(np.log2(magnitude)).astype(np.int32) - 7
+    mantissa = (magnitude >> (exponent + 3)) & 0x0F
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+
+
+def mulaw_decode(u: np.ndarray) -> np.ndarray:
+    """G.711 mu-law bytes to int16 samples."""
+    u = ~u.astype(np.int32) & 0xFF
+    exponent = (u >> 4) & 0x07
+    magnitude = (((u & 0x0F) << 3) + _MULAW_BIAS) << exponent
+    pcm = magnitude - _MULAW_BIAS
+    return np.where(u & 0x80, -pcm, pcm).astype(np.int16)
+
+
+def encode(x: np.ndarray, fmt: str) -> bytes:
+    if fmt == "pcm_s16le":
+        return to_int16(x).astype("<i2").tobytes()
+    if fmt == "pcm_f32le":
+        return np.clip(x, -1.0, 1.0).astype("<f4").tobytes()
+    if fmt == "mulaw":
+        return mulaw_encode(x).tobytes()
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def decode(data: bytes, fmt: str) -> np.ndarray:
+    """The inverse of ``encode``, to float32; for tests and tools."""
+    if fmt == "pcm_s16le":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32767.0
+    if fmt == "pcm_f32le":
+        return np.frombuffer(data, "<f4").astype(np.float32)
+    if fmt == "mulaw":
+        return mulaw_decode(np.frombuffer(data, np.uint8)).astype(np.float32) / 32767.0
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+class Rechunker:
+    """Cuts a stream of arbitrary pieces into frames of exactly ``size`` samples."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._parts: list[np.ndarray] = []
+        self._buffered = 0
+
+    def push(self, x: np.ndarray) -> list[np.ndarray]:
+        if x.size:
+            self._parts.append(x)
+            self._buffered += x.size
+        if self._buffered < self.size:
+            return []
+        buf = np.concatenate(self._parts)
+        n = (buf.size // self.size) * self.size
+        frames = [buf[i : i + self.size] for i in range(0, n, self.size)]
+        rest = buf[n:]
+        self._parts = [rest] if rest.size else []
+        self._buffered = rest.size
+        return frames
+
+    def flush(self) -> list[np.ndarray]:
+        """Whatever is buffered, as one short frame."""
+        if not self._buffered:
+            return []
+        frame = np.concatenate(self._parts)
+        self._parts, self._buffered = [], 0
+        return [frame]
+
+
+class OutputStream:
+    """Engine audio in, fixed-duration frames at the client's rate out."""
+
+    def __init__(self, in_rate: int, out_rate: int, chunk_ms: int) -> None:
+        self.in_rate = in_rate
+        self.out_rate = out_rate
+        self._resampler = (
+            soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+            if in_rate != out_rate
+            else None
+        )
+        self._chunks = Rechunker(out_rate * chunk_ms // 1000)
+
+    def push(self, x: np.ndarray) -> list[np.ndarray]:
+        if self._resampler is not None:
+            x = self._resampler.resample_chunk(x)
+        return self._chunks.push(x)
+
+    def flush(self) -> list[np.ndarray]:
+        """Everything resampled so far, so a client's ``flush`` hears its text now.
+
+        The resampler keeps its filter delay (a few milliseconds), which follows with
+        the next audio; ending the resampler here would put a seam in the stream.
+        """
+        return self._chunks.flush()
+
+    def finish(self) -> list[np.ndarray]:
+        if self._resampler is not None:
+            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            frames = self._chunks.push(tail)
+        else:
+            frames = []
+        return frames + self._chunks.flush()

@@ -1,0 +1,47 @@
+"""Bounds on what one client, and all of them together, may ask of the server."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 256 * 1024
+    max_text_chars: int = 20_000
+    """Text per utterance, summed over its streamed pieces."""
+    max_utterances_per_socket: int = 8
+    max_utterances_total: int = 64
+    max_connections: int = 256
+    max_queue_seconds: float = 5.0
+    """Audio computed ahead of a slow reader before the worker skips that utterance."""
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class Admission:
+    """Counts what is active server-wide; refuses rather than queueing without bound."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.connections = 0
+        self.utterances = 0
+
+    def try_connect(self) -> bool:
+        if self.connections >= self.limits.max_connections:
+            return False
+        self.connections += 1
+        return True
+
+    def disconnect(self) -> None:
+        self.connections -= 1
+
+    def try_start_utterance(self) -> bool:
+        if self.utterances >= self.limits.max_utterances_total:
+            return False
+        self.utterances += 1
+        return True
+
+    def end_utterance(self) -> None:
+        self.utterances -= 1

@@ -1,0 +1,197 @@
+"""Protocol v1: parsing and validating client messages, building server messages.
+
+Pure functions and dataclasses, no I/O: the session decides what to do with a message,
+the endpoint moves bytes. Every way a message can be wrong maps to a ``ProtocolError``
+with a stable code; nothing else escapes ``parse``. docs/protocol.md is the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import msgpack
+import orjson
+
+from server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
+
+PROTOCOL_VERSION = 1
+MIN_SPEED, MAX_SPEED = 0.5, 2.0
+MAX_CTX_CHARS = 128
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: str, message: str, ctx: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.ctx = ctx
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """How an utterance is spoken and delivered. Session defaults, overridable per speak."""
+
+    voice: str
+    format: str = "pcm_s16le"
+    sample_rate: int = 24000
+    chunk_ms: int = 200
+    speed: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+SETTING_NAMES = frozenset(f.name for f in fields(StreamSettings))
+
+
+@dataclass(frozen=True)
+class Config:
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Speak:
+    ctx: str | None
+    text: str
+    final: bool
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Flush:
+    ctx: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    ctx: str
+
+
+Message = Config | Speak | Flush | Cancel
+
+
+def parse(data: str | bytes) -> Message:
+    """Decode and validate one client message (JSON text or msgpack binary)."""
+    obj = _decode(data)
+    if not isinstance(obj, dict):
+        raise ProtocolError("invalid_message", "a message must be an object with a \"type\" field")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("missing_field", "the message has no \"type\" field")
+    ctx = obj.get("ctx") if isinstance(obj.get("ctx"), str) else None
+    try:
+        if kind == "config":
+            _only(obj, {"type"} | SETTING_NAMES)
+            return Config(settings=validate_settings(obj))
+        if kind == "speak":
+            _only(obj, {"type", "ctx", "text", "final"} | SETTING_NAMES)
+            text = obj.get("text", "")
+            if not isinstance(text, str):
+                raise ProtocolError("invalid_field", "\"text\" must be a string")
+            final = obj.get("final", True)
+            if not isinstance(final, bool):
+                raise ProtocolError("invalid_field", "\"final\" must be true or false")
+            speak_ctx = _ctx(obj, required=False)
+            if speak_ctx is None and not final:
+                raise ProtocolError("missing_field", "streamed text (\"final\": false) needs a \"ctx\" to continue")
+            return Speak(ctx=speak_ctx, text=text, final=final, settings=validate_settings(obj))
+        if kind == "flush":
+            _only(obj, {"type", "ctx"})
+            return Flush(ctx=_ctx(obj, required=True))
+        if kind == "cancel":
+            _only(obj, {"type", "ctx"})
+            return Cancel(ctx=_ctx(obj, required=True))
+    except ProtocolError as e:
+        e.ctx = e.ctx or ctx
+        raise
+    raise ProtocolError("unknown_type", f"unknown message type {kind!r}", ctx)
+
+
+def _decode(data: str | bytes) -> Any:
+    if isinstance(data, str):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise ProtocolError("invalid_json", f"the message is not valid JSON: {e}") from None
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError("invalid_msgpack", f"the binary message is not valid msgpack: {type(e).__name__}") from None
+
+
+def _only(obj: dict[str, Any], allowed: set[str] | frozenset[str]) -> None:
+    extra = sorted(k for k in obj if k not in allowed)
+    if extra:
+        raise ProtocolError("unknown_field", f"unknown field {extra[0]!r} in a {obj['type']!r} message")
+
+
+def _ctx(obj: dict[str, Any], required: bool) -> str | None:
+    ctx = obj.get("ctx")
+    if ctx is None:
+        if required:
+            raise ProtocolError("missing_field", f"a {obj['type']!r} message needs a \"ctx\"")
+        return None
+    if not isinstance(ctx, str) or not 0 < len(ctx) <= MAX_CTX_CHARS or not ctx.isprintable():
+        raise ProtocolError("invalid_field", f"\"ctx\" must be a printable string of 1 to {MAX_CTX_CHARS} characters")
+    return ctx
+
+
+def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
+    """The stream settings present in a message, checked. The voice is checked later,
+    against the engine, by the session."""
+    out: dict[str, Any] = {}
+    if "voice" in obj:
+        if not isinstance(obj["voice"], str) or not obj["voice"]:
+            raise ProtocolError("invalid_field", "\"voice\" must be a non-empty string")
+        out["voice"] = obj["voice"]
+    if "format" in obj:
+        if obj["format"] not in FORMATS:
+            raise ProtocolError("invalid_format", f"\"format\" must be one of {', '.join(FORMATS)}")
+        out["format"] = obj["format"]
+    if "sample_rate" in obj:
+        rate = obj["sample_rate"]
+        if type(rate) is not int or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+            raise ProtocolError(
+                "invalid_sample_rate", f"\"sample_rate\" must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}"
+            )
+        out["sample_rate"] = rate
+    if "chunk_ms" in obj:
+        chunk = obj["chunk_ms"]
+        if type(chunk) is not int or not MIN_CHUNK_MS <= chunk <= MAX_CHUNK_MS:
+            raise ProtocolError("invalid_chunk_ms", f"\"chunk_ms\" must be an integer from {MIN_CHUNK_MS} to {MAX_CHUNK_MS}")
+        out["chunk_ms"] = chunk
+    if "speed" in obj:
+        speed = obj["speed"]
+        if type(speed) not in (int, float) or not math.isfinite(speed) or not MIN_SPEED <= speed <= MAX_SPEED:
+            raise ProtocolError("invalid_speed", f"\"speed\" must be a number from {MIN_SPEED} to {MAX_SPEED}")
+        out["speed"] = float(speed)
+    return out
+
+
+def apply(settings: StreamSettings, overrides: dict[str, Any]) -> StreamSettings:
+    return replace(settings, **overrides) if overrides else settings
+
+
+# -- server -> client -----------------------------------------------------------------
+
+
+def event(kind: str, **body: Any) -> str:
+    """A JSON control message."""
+    return orjson.dumps({"type": kind, **body}, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def error(code: str, message: str, ctx: str | None = None, **extra: Any) -> str:
+    body: dict[str, Any] = {"code": code, "message": message, **extra}
+    if ctx is not None:
+        body["ctx"] = ctx
+    return event("error", **body)
+
+
+def audio_frame(ctx: str, seq: int, offset: int, samples: int, data: bytes) -> bytes:
+    """A binary audio frame: a msgpack map, so the PCM travels without base64."""
+    return msgpack.packb(
+        {"type": "audio", "ctx": ctx, "seq": seq, "offset": offset, "samples": samples, "audio": data},
+        use_bin_type=True,
+    )

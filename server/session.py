@@ -1,0 +1,276 @@
+"""One WebSocket connection's state: its defaults and its live utterances.
+
+The session turns parsed protocol messages into worker calls and runs one asyncio task
+per utterance, which pulls audio from the worker's bounded queue and sends frames. It
+never touches a socket itself: it is given two coroutines that send text and bytes, so
+the same session serves any transport and is easy to test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.base import EngineError, SynthesisParams
+from engine.queue import Failed, Finished, Flushed
+from engine.worker import Utterance, Worker
+from server import protocol
+from server.audio import OutputStream, encode
+from server.limits import Admission
+from server.protocol import Cancel, Config, Flush, ProtocolError, Speak, StreamSettings
+
+log = logging.getLogger(__name__)
+
+SendText = Callable[[str], Awaitable[None]]
+SendBytes = Callable[[bytes], Awaitable[None]]
+
+_RECENT = 256  # finished ctx ids remembered, so a late cancel is not reported as an error
+
+
+@dataclass
+class _Live:
+    """An utterance as its session sees it."""
+
+    ctx: str
+    settings: StreamSettings
+    utterance: Utterance
+    received_at: float
+    text_chars: int = 0
+    samples_sent: int = 0
+    frames: int = 0
+    first_frame_at: float | None = None
+    steps_at_first_frame: int | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class Session:
+    def __init__(
+        self,
+        worker: Worker,
+        admission: Admission,
+        send_text: SendText,
+        send_bytes: SendBytes,
+        defaults: StreamSettings,
+    ) -> None:
+        self.worker = worker
+        self.admission = admission
+        self.limits = admission.limits
+        self.defaults = defaults
+        self._send_text = send_text
+        self._send_bytes = send_bytes
+        # Several utterance tasks share one socket; frames must not interleave mid-send.
+        self._send_lock = asyncio.Lock()
+        self._live: dict[str, _Live] = {}
+        self._recent: deque[str] = deque(maxlen=_RECENT)
+        self._auto_ctx = 0
+        self._closed = False
+
+    # -- messages -------------------------------------------------------------------------
+
+    def ready_message(self) -> str:
+        engine = self.worker.wait_ready(0)
+        return protocol.event(
+            "ready",
+            protocol=protocol.PROTOCOL_VERSION,
+            engine=engine.name,
+            sample_rate=engine.sample_rate,
+            voices=[v.to_dict() for v in engine.voices()],
+            defaults=self.defaults.to_dict(),
+            formats=list(protocol.FORMATS),
+            limits=self.limits.to_dict(),
+        )
+
+    async def handle(self, data: str | bytes) -> None:
+        """Act on one client message. Protocol errors are answered, never raised."""
+        try:
+            message = protocol.parse(data)
+            if isinstance(message, Config):
+                await self._config(message)
+            elif isinstance(message, Speak):
+                await self._speak(message)
+            elif isinstance(message, Flush):
+                self._get(message.ctx).utterance.flush()
+            elif isinstance(message, Cancel):
+                await self._cancel(message.ctx)
+        except ProtocolError as e:
+            # "terminal": the utterance this error names is not (or no longer) alive.
+            terminal = {"terminal": e.ctx not in self._live} if e.ctx is not None else {}
+            await self._send(protocol.error(e.code, e.message, e.ctx, **terminal))
+
+    async def _config(self, message: Config) -> None:
+        settings = protocol.apply(self.defaults, message.settings)
+        self._check_voice(settings.voice, None)
+        self.defaults = settings
+        await self._send(protocol.event("configured", **settings.to_dict()))
+
+    async def _speak(self, message: Speak) -> None:
+        ctx = message.ctx
+        live = self._live.get(ctx) if ctx is not None else None
+        if live is not None:
+            if live.utterance.complete:
+                raise ProtocolError("ctx_finished", f"utterance {ctx!r} already received its final text", ctx)
+            if message.settings:
+                raise ProtocolError(
+                    "invalid_field", "voice and format can only be set in the first speak of an utterance", ctx
+                )
+            self._check_text(live, message.text)
+            live.text_chars += len(message.text)
+            live.utterance.feed(message.text, message.final)
+            return
+        if ctx is None:
+            self._auto_ctx += 1
+            ctx = f"auto-{self._auto_ctx}"
+        settings = protocol.apply(self.defaults, message.settings)
+        self._check_voice(settings.voice, ctx)
+        if len(message.text) > self.limits.max_text_chars:
+            raise ProtocolError("text_too_long", f"text is limited to {self.limits.max_text_chars} characters", ctx)
+        if len(self._live) >= self.limits.max_utterances_per_socket:
+            raise ProtocolError(
+                "too_many_utterances",
+                f"at most {self.limits.max_utterances_per_socket} utterances may be active on one connection",
+                ctx,
+            )
+        if not self.admission.try_start_utterance():
+            raise ProtocolError("overloaded", "the server is at capacity; try again shortly", ctx)
+        try:
+            utterance = self.worker.submit(
+                SynthesisParams(voice=settings.voice, speed=settings.speed), asyncio.get_running_loop()
+            )
+        except EngineError as e:
+            self.admission.end_utterance()
+            raise ProtocolError(e.code, e.message, ctx) from None
+        live = _Live(ctx, settings, utterance, received_at=time.monotonic(), text_chars=len(message.text))
+        self._live[ctx] = live
+        await self._send(protocol.event("started", ctx=ctx, **settings.to_dict()))
+        live.task = asyncio.create_task(self._stream(live), name=f"utterance-{ctx}")
+        utterance.feed(message.text, message.final)
+
+    async def _cancel(self, ctx: str) -> None:
+        live = self._live.get(ctx)
+        if live is None:
+            if ctx in self._recent:
+                return  # it finished while the cancel was on its way: nothing to stop
+            raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
+        await self._stop(live)
+        await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=live.samples_sent, frames=live.frames))
+
+    def _get(self, ctx: str) -> _Live:
+        live = self._live.get(ctx)
+        if live is None:
+            raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
+        return live
+
+    def _check_voice(self, voice: str, ctx: str | None) -> None:
+        if not self.worker.wait_ready(0).has_voice(voice):
+            raise ProtocolError("unknown_voice", f"unknown voice {voice!r}; GET /v1/voices lists them", ctx)
+
+    def _check_text(self, live: _Live, text: str) -> None:
+        if live.text_chars + len(text) > self.limits.max_text_chars:
+            raise ProtocolError(
+                "text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance", live.ctx
+            )
+
+    # -- one utterance ----------------------------------------------------------------------
+
+    async def _stream(self, live: _Live) -> None:
+        s = live.settings
+        out = OutputStream(self.worker.sample_rate, s.sample_rate, s.chunk_ms)
+        u = live.utterance
+        try:
+            while True:
+                item = await u.queue.get()
+                if isinstance(item, np.ndarray):
+                    await self._send_frames(live, out.push(item))
+                elif isinstance(item, Flushed):
+                    await self._send_frames(live, out.flush())
+                    await self._send(protocol.event("flushed", ctx=live.ctx))
+                elif isinstance(item, Finished):
+                    await self._send_frames(live, out.finish())
+                    await self._send(protocol.event("done", ctx=live.ctx, **self._figures(live)))
+                    return
+                elif isinstance(item, Failed):
+                    await self._send(protocol.error(item.code, item.message, live.ctx, terminal=True))
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A send that fails means the socket is gone; the session's close cleans up.
+            log.debug("utterance %s stopped: socket closed", live.ctx, exc_info=True)
+        finally:
+            self._release(live)
+
+    async def _send_frames(self, live: _Live, frames: list[np.ndarray]) -> None:
+        for frame in frames:
+            data = protocol.audio_frame(
+                live.ctx, live.frames, live.samples_sent, frame.size, encode(frame, live.settings.format)
+            )
+            await self._send(data)
+            if live.first_frame_at is None:
+                live.first_frame_at = time.monotonic()
+                live.steps_at_first_frame = live.utterance.steps
+            live.frames += 1
+            live.samples_sent += frame.size
+            # A send into a socket with room does not suspend; yield anyway, so a cancel
+            # waiting on this connection is read between two frames, not after a burst.
+            await asyncio.sleep(0)
+
+    def _figures(self, live: _Live) -> dict[str, object]:
+        u = live.utterance
+        audio_s = live.samples_sent / live.settings.sample_rate
+        ttfa = None if live.first_frame_at is None else round((live.first_frame_at - live.received_at) * 1000, 1)
+        return {
+            "ttfa_ms": ttfa,
+            "audio_ms": round(audio_s * 1000, 1),
+            "compute_ms": round(u.compute_seconds * 1000, 1),
+            "rtf": round(u.compute_seconds / audio_s, 4) if audio_s else None,
+            "chunks": live.frames,
+            "samples": live.samples_sent,
+            "segments": u.segments,
+            "engine_steps": u.steps,
+            "engine_steps_at_first_chunk": live.steps_at_first_frame,
+        }
+
+    def _release(self, live: _Live) -> None:
+        # However the stream ended (a failed send included), the worker must stop too.
+        if live.utterance.outcome is None:
+            live.utterance.cancel()
+        if self._live.get(live.ctx) is live:
+            del self._live[live.ctx]
+            self._recent.append(live.ctx)
+            self.admission.end_utterance()
+
+    async def _stop(self, live: _Live) -> None:
+        live.utterance.cancel()
+        if live.task is not None and not live.task.done():
+            live.task.cancel()
+            # wait() rather than await: a cancel of this coroutine itself must propagate.
+            await asyncio.wait({live.task})
+        live.utterance.queue.clear()
+        self._release(live)
+
+    # -- transport ---------------------------------------------------------------------------
+
+    async def _send(self, message: str | bytes) -> None:
+        if self._closed:
+            raise ConnectionError("session closed")
+        async with self._send_lock:
+            if isinstance(message, str):
+                await self._send_text(message)
+            else:
+                await self._send_bytes(message)
+
+    async def close(self) -> None:
+        """The socket is gone: stop every utterance, so no computation outlives it."""
+        self._closed = True
+        for live in list(self._live.values()):
+            await self._stop(live)
+
+    @property
+    def active(self) -> int:
+        return len(self._live)

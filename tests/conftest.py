@@ -1,0 +1,85 @@
+"""Fixtures shared by the whole suite: real servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import uvicorn
+
+from engine.base import Engine
+from engine.registry import EngineOptions
+from engine.worker import Worker
+from server.app import ServerConfig, Service, create_app
+from server.limits import Limits
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    host: str
+    port: int
+    service: Service
+
+    @property
+    def http(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://{self.host}:{self.port}/v1/stream"
+
+
+@contextlib.contextmanager
+def run_server(config: ServerConfig, engine: Callable[[], Engine] | None = None) -> Iterator[RunningServer]:
+    """A real uvicorn server on 127.0.0.1, in a thread of the test process, so tests can
+    read the worker's counters while talking to it over real sockets."""
+    worker = Worker(engine, max_queue_seconds=config.limits.max_queue_seconds) if engine else None
+    app = create_app(config, worker)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, ws_max_size=config.limits.max_message_bytes,
+            log_level="warning", lifespan="on",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(600):
+        if server.started or not thread.is_alive():
+            break
+        threading.Event().wait(0.05)
+    if not server.started:
+        raise RuntimeError("the test server did not start")
+    try:
+        yield RunningServer("127.0.0.1", port, app.state.service)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def piper_server() -> Iterator[RunningServer]:
+    """The real embedded engine (Piper, joe voice) behind a real server."""
+    with run_server(ServerConfig(engine=EngineOptions(name="piper"))) as s:
+        yield s
+
+
+@pytest.fixture
+def tone_server() -> Iterator[RunningServer]:
+    """A server around the scripted tone engine, with small limits to run into."""
+    from tests.fixtures.engines import ToneEngine
+
+    limits = Limits(max_utterances_per_socket=3, max_utterances_total=6, max_text_chars=2000, max_message_bytes=16384)
+    with run_server(ServerConfig(limits=limits), engine=lambda: ToneEngine(step_delay=0.01)) as s:
+        yield s

@@ -1,0 +1,79 @@
+"""Output formats, rechunking and the streaming resampler."""
+
+import numpy as np
+import pytest
+import soxr
+
+from server.audio import OutputStream, Rechunker, decode, encode, mulaw_decode, mulaw_encode
+
+
+def speechlike(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
+    """Band-limited noise with a moving pitch: a signal with content at all scales."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    f0 = 120 + 40 * np.sin(2 * np.pi * 0.7 * t)
+    voiced = 0.3 * np.sin(2 * np.pi * np.cumsum(f0) / rate) + 0.15 * np.sin(2 * np.pi * 3 * np.cumsum(f0) / rate)
+    noise = soxr.resample(rng.standard_normal(t.size).astype(np.float32), rate, 8000)
+    noise = soxr.resample(noise, 8000, rate)[: t.size]
+    return (voiced + 0.05 * noise).astype(np.float32)
+
+
+@pytest.mark.parametrize("out_rate", [8000, 16000, 24000, 44100, 48000])
+def test_chunked_resampling_equals_whole_resampling(out_rate):
+    x = speechlike(3.0, 22050)
+    whole = soxr.resample(x, 22050, out_rate, quality="HQ")
+    stream = OutputStream(22050, out_rate, chunk_ms=200)
+    frames = []
+    rng = np.random.default_rng(1)
+    i = 0
+    while i < x.size:  # pieces of random size, as an engine would yield them
+        n = int(rng.integers(1, 9000))
+        frames += stream.push(x[i : i + n])
+        i += n
+    frames += stream.finish()
+    chunked = np.concatenate(frames)
+    assert abs(chunked.size - whole.size) <= 1
+    n = min(chunked.size, whole.size)
+    # Tolerance: float32 rounding only; the filter state carries across every seam.
+    assert np.max(np.abs(chunked[:n] - whole[:n])) < 1e-5
+    # No jump at the frame seams larger than the signal's own largest step.
+    steps = np.abs(np.diff(chunked))
+    seams = np.cumsum([f.size for f in frames[:-1]])
+    assert steps[seams - 1].max() <= steps.max()
+
+
+def test_frames_have_exact_duration_but_the_last():
+    stream = OutputStream(22050, 24000, chunk_ms=150)
+    frames = stream.push(speechlike(2.0, 22050)) + stream.finish()
+    assert all(f.size == 3600 for f in frames[:-1])
+    assert 0 < frames[-1].size <= 3600
+
+
+def test_rechunker_flush_returns_the_remainder():
+    r = Rechunker(100)
+    assert [f.size for f in r.push(np.ones(250, np.float32))] == [100, 100]
+    assert [f.size for f in r.flush()] == [50]
+    assert r.flush() == []
+
+
+def test_mulaw_round_trip_error_is_within_g711_quantisation():
+    x = np.linspace(-1, 1, 20001).astype(np.float32)
+    y = mulaw_decode(mulaw_encode(x)).astype(np.float32) / 32767
+    # mu-law's step grows with amplitude: at most half the top segment's step (1024/32767),
+    # below the level where G.711 clips (32635 + bias).
+    inside = np.abs(x) < 0.97
+    assert np.max(np.abs(x - y)[inside]) < 0.017
+    assert np.max(np.abs(x[np.abs(x) < 0.01] - y[np.abs(x) < 0.01])) < 0.0005
+
+
+def test_mulaw_matches_known_g711_codes():
+    pcm = np.array([0, 1000, -1000, 32767, -32768], np.float32) / 32767
+    assert mulaw_encode(pcm).tolist() == [0xFF, 0xCE, 0x4E, 0x80, 0x00]
+
+
+@pytest.mark.parametrize("fmt,width", [("pcm_s16le", 2), ("pcm_f32le", 4), ("mulaw", 1)])
+def test_encode_decode(fmt, width):
+    x = speechlike(0.2, 16000)
+    data = encode(x, fmt)
+    assert len(data) == width * x.size
+    assert np.max(np.abs(decode(data, fmt) - x)) < (0.02 if fmt == "mulaw" else 1e-4)

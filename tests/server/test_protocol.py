@@ -1,0 +1,66 @@
+import msgpack
+import orjson
+import pytest
+
+from server import protocol
+from server.protocol import Cancel, Config, Flush, ProtocolError, Speak
+
+
+def j(obj) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def test_parses_each_message_type_from_json_and_msgpack():
+    speak = {"type": "speak", "ctx": "a", "text": "hi", "final": False, "voice": "joe", "sample_rate": 16000}
+    for data in (j(speak), msgpack.packb(speak)):
+        m = protocol.parse(data)
+        assert m == Speak(ctx="a", text="hi", final=False, settings={"voice": "joe", "sample_rate": 16000})
+    assert protocol.parse(j({"type": "config", "format": "mulaw", "speed": 1})) == Config({"format": "mulaw", "speed": 1.0})
+    assert protocol.parse(j({"type": "flush", "ctx": "a"})) == Flush("a")
+    assert protocol.parse(j({"type": "cancel", "ctx": "a"})) == Cancel("a")
+
+
+def test_speak_defaults_to_final():
+    assert protocol.parse(j({"type": "speak", "text": "x"})).final is True
+
+
+@pytest.mark.parametrize(
+    "data,code",
+    [
+        ("{not json", "invalid_json"),
+        (b"\xc1\xff\x00", "invalid_msgpack"),
+        (j([1, 2]), "invalid_message"),
+        (j({"text": "x"}), "missing_field"),
+        (j({"type": "sing"}), "unknown_type"),
+        (j({"type": "flush"}), "missing_field"),
+        (j({"type": "speak", "text": "x", "final": False}), "missing_field"),
+        (j({"type": "speak", "text": 5}), "invalid_field"),
+        (j({"type": "speak", "text": "x", "final": "yes"}), "invalid_field"),
+        (j({"type": "speak", "ctx": "", "text": "x"}), "invalid_field"),
+        (j({"type": "speak", "ctx": "x" * 200, "text": "x"}), "invalid_field"),
+        (j({"type": "speak", "text": "x", "colour": "red"}), "unknown_field"),
+        (j({"type": "config", "format": "mp3"}), "invalid_format"),
+        (j({"type": "config", "sample_rate": 7999}), "invalid_sample_rate"),
+        (j({"type": "config", "sample_rate": 16000.0}), "invalid_sample_rate"),
+        (j({"type": "config", "sample_rate": True}), "invalid_sample_rate"),
+        (j({"type": "config", "chunk_ms": 100}), "invalid_chunk_ms"),
+        (j({"type": "config", "speed": 3}), "invalid_speed"),
+        (j({"type": "config", "voice": ""}), "invalid_field"),
+    ],
+)
+def test_bad_messages_raise_protocol_errors_with_stable_codes(data, code):
+    with pytest.raises(ProtocolError) as e:
+        protocol.parse(data)
+    assert e.value.code == code
+    assert e.value.message
+
+
+def test_error_names_the_ctx_when_it_can():
+    with pytest.raises(ProtocolError) as e:
+        protocol.parse(j({"type": "speak", "ctx": "u7", "text": "x", "format": "ogg"}))
+    assert e.value.ctx == "u7"
+
+
+def test_audio_frame_is_a_msgpack_map():
+    frame = msgpack.unpackb(protocol.audio_frame("a", 3, 4800, 2, b"\x01\x00\x02\x00"))
+    assert frame == {"type": "audio", "ctx": "a", "seq": 3, "offset": 4800, "samples": 2, "audio": b"\x01\x00\x02\x00"}
