@@ -92,7 +92,7 @@ def create_app(config: ServerConfig | None = None, worker: Worker | None = None)
             await ws.close(CLOSE_TRY_AGAIN_LATER, "the server is not ready; try again shortly")
             return
         if not service.admission.try_connect():
-            await ws.close(CLOSE_TRY_AGAIN_LATER, "too many connections; try again shortly")
+            await ws.close(CLOSE_TRY_AGAIN_LATER, "the server is at capacity; try again in a second")
             return
         assert service.defaults is not None
         session = Session(service.worker, service.admission, ws.send_text, ws.send_bytes, service.defaults)

@@ -29,7 +29,8 @@ class Admission:
         self.utterances = 0
 
     def try_connect(self) -> bool:
-        if self.connections >= self.limits.max_connections:
+        # A connection arriving while every utterance slot is taken could not speak.
+        if self.connections >= self.limits.max_connections or self.utterances >= self.limits.max_utterances_total:
             return False
         self.connections += 1
         return True

@@ -22,11 +22,12 @@ MAX_CTX_CHARS = 128
 
 
 class ProtocolError(Exception):
-    def __init__(self, code: str, message: str, ctx: str | None = None) -> None:
+    def __init__(self, code: str, message: str, ctx: str | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.ctx = ctx
+        self.extra = extra
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 SendText = Callable[[str], Awaitable[None]]
 SendBytes = Callable[[bytes], Awaitable[None]]
 
+RETRY_AFTER_MS = 1000  # a hint: one second is long next to an utterance's first step
 _RECENT = 256  # finished ctx ids remembered, so a late cancel is not reported as an error
 
 
@@ -101,7 +102,7 @@ class Session:
         except ProtocolError as e:
             # "terminal": the utterance this error names is not (or no longer) alive.
             terminal = {"terminal": e.ctx not in self._live} if e.ctx is not None else {}
-            await self._send(protocol.error(e.code, e.message, e.ctx, **terminal))
+            await self._send(protocol.error(e.code, e.message, e.ctx, **terminal, **e.extra))
 
     async def _config(self, message: Config) -> None:
         settings = protocol.apply(self.defaults, message.settings)
@@ -137,7 +138,9 @@ class Session:
                 ctx,
             )
         if not self.admission.try_start_utterance():
-            raise ProtocolError("overloaded", "the server is at capacity; try again shortly", ctx)
+            raise ProtocolError(
+                "overloaded", "the server is at capacity; try again shortly", ctx, retry_after_ms=RETRY_AFTER_MS
+            )
         try:
             utterance = self.worker.submit(
                 SynthesisParams(voice=settings.voice, speed=settings.speed), asyncio.get_running_loop()

@@ -264,12 +264,31 @@ async def test_server_wide_utterance_limit_answers_overloaded(tone_server):
         with pytest.raises(Exception) as e:
             await extra.collect()
         assert e.value.code == "overloaded"
+        # Saturated: a new connection is told to come back later, with close code 1013.
+        with pytest.raises(Exception) as e:
+            await Client.connect(tone_server.ws)
+        assert getattr(e.value, "code", None) == 1013
         for h in held:
             await h.send("", final=True)
             await h.collect()
     finally:
         for c in clients:
             await c.close()
+
+
+async def test_connections_over_the_limit_close_1013(tone_server):
+    tone_server.service.admission.limits = limits = type(tone_server.service.config.limits)(max_connections=2)
+    clients = [await Client.connect(tone_server.ws) for _ in range(limits.max_connections)]
+    try:
+        with pytest.raises(Exception) as e:
+            await Client.connect(tone_server.ws)
+        assert getattr(e.value, "code", None) == 1013 and "capacity" in e.value.reason
+    finally:
+        for c in clients:
+            await c.close()
+    # Once one leaves, there is room again.
+    async with await Client.connect(tone_server.ws):
+        pass
 
 
 async def test_message_over_the_size_limit_closes_1009(tone_server):
