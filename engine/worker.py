@@ -85,6 +85,10 @@ class Utterance:
         return self._complete
 
     @property
+    def sample_rate(self) -> int:
+        return self._worker.sample_rate
+
+    @property
     def produced_seconds(self) -> float:
         return self.produced_samples / self._worker.sample_rate
 
@@ -121,6 +125,8 @@ class Worker:
         self._cond = threading.Condition()
         self._utterances: list[Utterance] = []
         self._stopping = False
+        self._stepping: Utterance | None = None
+        self._step_started_at: float | None = None
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -162,8 +168,41 @@ class Worker:
 
     # -- submission (event loop) --------------------------------------------------------
 
+    def loaded_engine(self) -> Engine:
+        """The engine, or an EngineError a client can be told while it is not usable."""
+        if self.ready.is_set() and self.load_error is None and self.engine is not None and not self._stopping:
+            return self.engine
+        if self._stopping:
+            raise EngineError("shutting_down", "the engine is stopping")
+        raise EngineError("not_ready", "the engine is loading; try again shortly")
+
+    def utterances(self) -> list[Utterance]:
+        with self._cond:
+            return list(self._utterances)
+
+    def step_running_for(self) -> float:
+        """How long the step in progress has run (0 when idle): what a watchdog reads."""
+        started = self._step_started_at
+        return 0.0 if started is None else time.monotonic() - started
+
+    def abandon(self, code: str, message: str) -> None:
+        """Give up on a stuck thread: fail the utterance in its step with ``code`` and
+        every other one with ``engine_restarted``, then let the thread exit if it ever
+        returns. Called from another thread; the stuck one cannot be interrupted."""
+        with self._cond:
+            self._stopping = True
+            stuck, leftover, self._utterances = self._stepping, self._utterances, []
+            self._cond.notify()
+        for u in leftover:
+            u.outcome = "failed"
+            self.stats.failures += 1
+            if u is stuck:
+                u.queue.put(Failed(code, message))
+            else:
+                u.queue.put(Failed("engine_restarted", "the engine was restarted after a fault; please retry"))
+
     def submit(self, params: SynthesisParams, loop: asyncio.AbstractEventLoop) -> Utterance:
-        engine = self.wait_ready(0)
+        engine = self.loaded_engine()
         queue = AudioQueue(loop, int(self.max_queue_seconds * engine.sample_rate), on_drain=self._wake)
         u = Utterance(self, params, queue, self.segmenter_limits)
         with self._cond:
@@ -232,6 +271,7 @@ class Worker:
         else:
             item = None
         start = time.perf_counter()
+        self._stepping, self._step_started_at = u, time.monotonic()
         try:
             if item is not None:
                 u._current = iter(engine.synthesize(item, u.params))
@@ -248,11 +288,15 @@ class Worker:
             self._end(u, "failed", Failed("engine_error", f"the engine failed: {type(e).__name__}: {e}"))
             return
         finally:
+            self._stepping, self._step_started_at = None, None
             elapsed = time.perf_counter() - start
             u.compute_seconds += elapsed
             u.steps += 1
             self.stats.steps += 1
             self.stats.busy_seconds += elapsed
+        if u.outcome is not None:  # abandoned while this step ran: its audio goes nowhere
+            self._end(u, "failed", None)
+            return
         piece = np.asarray(piece, dtype=np.float32).reshape(-1)
         if piece.size:
             if u.first_audio_at is None:
@@ -269,6 +313,8 @@ class Worker:
             u._current = None
             self.stats.generators_closed += 1
         u.generator_closed = True
+        if u.outcome is not None:
+            return  # already ended and reported (abandoned by a watchdog)
         u.outcome = outcome
         if outcome == "failed":
             self.stats.failures += 1

@@ -5,21 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.registry import EngineOptions, engine_factory
 from engine.worker import Worker
-from server.limits import Admission, Limits
-from server.protocol import StreamSettings
+from server import auth
+from server.config import ServerConfig
+from server.service import Service
 from server.session import Session
 
 log = logging.getLogger(__name__)
@@ -27,56 +26,20 @@ log = logging.getLogger(__name__)
 JS_CLIENT_DIR = Path(__file__).resolve().parent.parent / "clients" / "js"
 
 # WebSocket close codes (RFC 6455 section 7.4.1, and the IANA registry for 1013).
+CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN_LATER = 1013
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    engine: EngineOptions = field(default_factory=EngineOptions)
-    limits: Limits = field(default_factory=Limits)
-    default_voice: str | None = None
-    default_format: str = "pcm_s16le"
-    default_sample_rate: int | None = None
-    """None: the engine's own rate, so nothing is resampled unless a client asks."""
-    default_chunk_ms: int = 200
+def _authorised(service: Service, conn: HTTPConnection, subprotocols: list[str]) -> bool:
+    key = auth.presented_key(conn.headers, conn.query_params, subprotocols)
+    return auth.key_is_valid(service.config.auth, key)
 
 
-class Service:
-    """What every connection shares: the worker, the admission counters, the defaults."""
-
-    def __init__(self, config: ServerConfig, worker: Worker | None = None) -> None:
-        self.config = config
-        self.admission = Admission(config.limits)
-        self.worker = worker or Worker(engine_factory(config.engine), max_queue_seconds=config.limits.max_queue_seconds)
-        self.defaults: StreamSettings | None = None
-        self.draining = False
-
-    async def start(self) -> None:
-        self.worker.start()
-        engine = await asyncio.to_thread(self.worker.wait_ready)
-        voices = engine.voices()
-        voice = self.config.default_voice or (voices[0].id if voices else "")
-        self.defaults = StreamSettings(
-            voice=voice,
-            format=self.config.default_format,
-            sample_rate=self.config.default_sample_rate or engine.sample_rate,
-            chunk_ms=self.config.default_chunk_ms,
-        )
-        log.info("engine %s ready on %s with voices %s", engine.name, engine.device, [v.id for v in voices])
-
-    def stop(self) -> None:
-        self.draining = True
-        self.worker.stop()
-
-    def ready(self) -> bool:
-        return self.defaults is not None and self.worker.alive and not self.draining
-
-
-def create_app(config: ServerConfig | None = None, worker: Worker | None = None) -> Starlette:
-    service = Service(config or ServerConfig(), worker)
+def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Worker] | None = None) -> Starlette:
+    service = Service(config or ServerConfig(), make_worker)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -87,26 +50,49 @@ def create_app(config: ServerConfig | None = None, worker: Worker | None = None)
             service.stop()
 
     async def stream(ws: WebSocket) -> None:
-        await ws.accept()
+        subprotocols = list(ws.scope.get("subprotocols", []))
+        await ws.accept(subprotocol=auth.chosen_subprotocol(subprotocols))
+        if not auth.origin_is_allowed(service.config.auth, ws.headers.get("origin")):
+            await ws.close(CLOSE_POLICY, "origin not allowed")
+            return
+        if not _authorised(service, ws, subprotocols):
+            await ws.close(CLOSE_POLICY, "a valid API key is required")
+            return
+        if service.draining:
+            await ws.close(CLOSE_GOING_AWAY, "the server is shutting down")
+            return
         if not service.ready():
             await ws.close(CLOSE_TRY_AGAIN_LATER, "the server is not ready; try again shortly")
             return
         if not service.admission.try_connect():
             await ws.close(CLOSE_TRY_AGAIN_LATER, "the server is at capacity; try again in a second")
             return
-        assert service.defaults is not None
-        session = Session(service.worker, service.admission, ws.send_text, ws.send_bytes, service.defaults)
+        session = Session(service, ws.send_text, ws.send_bytes)
+        service.sessions[session] = ws.close
+        idle = service.config.limits.idle_timeout_seconds
+        receive: asyncio.Future[dict] | None = None
         try:
             await ws.send_text(session.ready_message())
             while True:
-                message = await ws.receive()
+                # One receive outlives the idle checks: cancelling it could lose a message.
+                receive = receive or asyncio.ensure_future(ws.receive())
+                done, _ = await asyncio.wait({receive}, timeout=idle)
+                if not done:
+                    if session.active:
+                        continue  # quiet, but audio is still being produced or sent
+                    await ws.close(CLOSE_NORMAL, f"idle for {idle:g} s")
+                    break
+                message, receive = receive.result(), None
                 if message["type"] == "websocket.disconnect":
                     break
                 data = message.get("text")
                 await session.handle(data if data is not None else message.get("bytes") or b"")
-        except WebSocketDisconnect:
-            pass
+        except (WebSocketDisconnect, RuntimeError):
+            pass  # the socket went away (RuntimeError: a send after the close)
         finally:
+            if receive is not None:
+                receive.cancel()
+            service.sessions.pop(session, None)
             await session.close()
             service.admission.disconnect()
 
@@ -115,14 +101,27 @@ def create_app(config: ServerConfig | None = None, worker: Worker | None = None)
 
     async def readyz(request: Request) -> Response:
         if not service.ready():
-            return JSONResponse({"status": "not ready"}, status_code=503)
-        engine = service.worker.wait_ready(0)
+            status = "draining" if service.draining else "not ready"
+            return JSONResponse({"status": status}, status_code=503)
+        engine = service.worker.loaded_engine()
         return JSONResponse({"status": "ready", "engine": engine.name, "device": engine.device})
 
-    async def voices(request: Request) -> Response:
+    def refused(request: Request) -> Response | None:
+        if not _authorised(service, request, []):
+            return JSONResponse(
+                {"error": {"code": "unauthorized", "message": "a valid API key is required"}},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         if service.defaults is None:
             return JSONResponse({"error": {"code": "not_ready", "message": "the engine is loading"}}, status_code=503)
-        engine = service.worker.wait_ready(0)
+        return None
+
+    async def voices(request: Request) -> Response:
+        if (r := refused(request)) is not None:
+            return r
+        assert service.defaults is not None
+        engine = service.worker.loaded_engine()
         return JSONResponse({"voices": [v.to_dict() for v in engine.voices()], "default": service.defaults.voice})
 
     async def index(request: Request) -> Response:

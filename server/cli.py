@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -38,12 +39,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     d = Limits()
     p.add_argument("--max-utterances", type=int, default=d.max_utterances_total, help="active utterances in total")
     p.add_argument("--max-connections", type=int, default=d.max_connections)
+    p.add_argument(
+        "--api-key", action="append", default=[],
+        help="a key clients must present (repeat for several; or VOXWIRE_API_KEYS=k1,k2)",
+    )
+    p.add_argument(
+        "--allow-origin", action="append", default=[],
+        help="a browser origin allowed to connect (repeat; or VOXWIRE_ALLOWED_ORIGINS); default: any",
+    )
+    p.add_argument("--step-timeout", type=float, default=30.0, help="seconds before a hung engine step is abandoned")
+    p.add_argument("--drain-seconds", type=float, default=10.0, help="on SIGTERM, time given to in-flight utterances")
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from server.app import ServerConfig, create_app
+    from server.app import create_app
+    from server.config import AuthConfig, ServerConfig
+    from server.run import serve as run
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = Limits(max_utterances_total=args.max_utterances, max_connections=args.max_connections)
@@ -66,19 +77,21 @@ def serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    keys = tuple(k for k in (args.api_key or os.environ.get("VOXWIRE_API_KEYS", "").split(",")) if k.strip())
+    origins = tuple(o for o in (args.allow_origin or os.environ.get("VOXWIRE_ALLOWED_ORIGINS", "").split(",")) if o)
+    if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.warning("listening on %s with no API key: anyone who can reach it can use it", args.host)
     config = ServerConfig(
-        engine=options, limits=limits, default_voice=args.voice, default_format=args.format,
-        default_sample_rate=args.sample_rate,
+        engine=options, limits=limits, auth=AuthConfig(api_keys=keys, allowed_origins=origins),
+        default_voice=args.voice, default_format=args.format, default_sample_rate=args.sample_rate,
+        step_timeout=args.step_timeout, drain_seconds=args.drain_seconds,
     )
     try:
         app = create_app(config)
     except EngineError as e:
         print(f"voxwire: {e.message}", file=sys.stderr)
         return 2
-    uvicorn.run(
-        app, host=args.host, port=args.port, ws_max_size=limits.max_message_bytes,
-        log_level=args.log_level, lifespan="on",
-    )
+    run(app, args.host, args.port, args.log_level)
     return 0
 
 

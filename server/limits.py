@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 
 
@@ -15,6 +16,12 @@ class Limits:
     max_connections: int = 256
     max_queue_seconds: float = 5.0
     """Audio computed ahead of a slow reader before the worker skips that utterance."""
+    max_session_chars: int = 1_000_000
+    """Text per connection over its whole life."""
+    messages_per_second: float = 100.0
+    message_burst: int = 200
+    idle_timeout_seconds: float = 300.0
+    """A connection with no message and nothing playing for this long is closed."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -46,3 +53,22 @@ class Admission:
 
     def end_utterance(self) -> None:
         self.utterances -= 1
+
+
+class TokenBucket:
+    """Messages per second with a burst allowance: an LLM's token stream is bursty."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True

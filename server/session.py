@@ -14,16 +14,20 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.base import EngineError, SynthesisParams
 from engine.queue import Failed, Finished, Flushed
-from engine.worker import Utterance, Worker
+from engine.worker import Utterance
 from server import protocol
 from server.audio import OutputStream, encode
-from server.limits import Admission
+from server.limits import TokenBucket
 from server.protocol import Cancel, Config, Flush, ProtocolError, Speak, StreamSettings
+
+if TYPE_CHECKING:
+    from server.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +55,12 @@ class _Live:
 
 
 class Session:
-    def __init__(
-        self,
-        worker: Worker,
-        admission: Admission,
-        send_text: SendText,
-        send_bytes: SendBytes,
-        defaults: StreamSettings,
-    ) -> None:
-        self.worker = worker
-        self.admission = admission
-        self.limits = admission.limits
-        self.defaults = defaults
+    def __init__(self, service: Service, send_text: SendText, send_bytes: SendBytes) -> None:
+        assert service.defaults is not None
+        self.service = service
+        self.admission = service.admission
+        self.limits = service.config.limits
+        self.defaults = service.defaults
         self._send_text = send_text
         self._send_bytes = send_bytes
         # Several utterance tasks share one socket; frames must not interleave mid-send.
@@ -71,11 +69,13 @@ class Session:
         self._recent: deque[str] = deque(maxlen=_RECENT)
         self._auto_ctx = 0
         self._closed = False
+        self._bucket = TokenBucket(self.limits.messages_per_second, self.limits.message_burst)
+        self._session_chars = 0
 
     # -- messages -------------------------------------------------------------------------
 
     def ready_message(self) -> str:
-        engine = self.worker.wait_ready(0)
+        engine = self.service.worker.loaded_engine()
         return protocol.event(
             "ready",
             protocol=protocol.PROTOCOL_VERSION,
@@ -90,6 +90,10 @@ class Session:
     async def handle(self, data: str | bytes) -> None:
         """Act on one client message. Protocol errors are answered, never raised."""
         try:
+            if not self._bucket.take():
+                raise ProtocolError(
+                    "rate_limited", f"more than {self.limits.messages_per_second:g} messages per second; message dropped"
+                )
             message = protocol.parse(data)
             if isinstance(message, Config):
                 await self._config(message)
@@ -122,6 +126,7 @@ class Session:
                 )
             self._check_text(live, message.text)
             live.text_chars += len(message.text)
+            self._session_chars += len(message.text)
             live.utterance.feed(message.text, message.final)
             return
         if ctx is None:
@@ -131,6 +136,9 @@ class Session:
         self._check_voice(settings.voice, ctx)
         if len(message.text) > self.limits.max_text_chars:
             raise ProtocolError("text_too_long", f"text is limited to {self.limits.max_text_chars} characters", ctx)
+        self._check_session_text(message.text, ctx)
+        if self.service.draining:
+            raise ProtocolError("shutting_down", "the server is shutting down; reconnect shortly", ctx)
         if len(self._live) >= self.limits.max_utterances_per_socket:
             raise ProtocolError(
                 "too_many_utterances",
@@ -142,13 +150,14 @@ class Session:
                 "overloaded", "the server is at capacity; try again shortly", ctx, retry_after_ms=RETRY_AFTER_MS
             )
         try:
-            utterance = self.worker.submit(
+            utterance = self.service.worker.submit(
                 SynthesisParams(voice=settings.voice, speed=settings.speed), asyncio.get_running_loop()
             )
         except EngineError as e:
             self.admission.end_utterance()
             raise ProtocolError(e.code, e.message, ctx) from None
         live = _Live(ctx, settings, utterance, received_at=time.monotonic(), text_chars=len(message.text))
+        self._session_chars += len(message.text)
         self._live[ctx] = live
         await self._send(protocol.event("started", ctx=ctx, **settings.to_dict()))
         live.task = asyncio.create_task(self._stream(live), name=f"utterance-{ctx}")
@@ -170,7 +179,11 @@ class Session:
         return live
 
     def _check_voice(self, voice: str, ctx: str | None) -> None:
-        if not self.worker.wait_ready(0).has_voice(voice):
+        try:
+            engine = self.service.worker.loaded_engine()
+        except EngineError as e:
+            raise ProtocolError(e.code, e.message, ctx, retry_after_ms=RETRY_AFTER_MS) from None
+        if not engine.has_voice(voice):
             raise ProtocolError("unknown_voice", f"unknown voice {voice!r}; GET /v1/voices lists them", ctx)
 
     def _check_text(self, live: _Live, text: str) -> None:
@@ -178,12 +191,21 @@ class Session:
             raise ProtocolError(
                 "text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance", live.ctx
             )
+        self._check_session_text(text, live.ctx)
+
+    def _check_session_text(self, text: str, ctx: str | None) -> None:
+        if self._session_chars + len(text) > self.limits.max_session_chars:
+            raise ProtocolError(
+                "session_text_limit",
+                f"a connection may send at most {self.limits.max_session_chars} characters; open a new one",
+                ctx,
+            )
 
     # -- one utterance ----------------------------------------------------------------------
 
     async def _stream(self, live: _Live) -> None:
         s = live.settings
-        out = OutputStream(self.worker.sample_rate, s.sample_rate, s.chunk_ms)
+        out = OutputStream(live.utterance.sample_rate, s.sample_rate, s.chunk_ms)
         u = live.utterance
         try:
             while True:
@@ -267,6 +289,12 @@ class Session:
                 await self._send_text(message)
             else:
                 await self._send_bytes(message)
+
+    async def fail_all(self, code: str, message: str) -> None:
+        """Stop every utterance, telling its client why (a shutdown past its deadline)."""
+        for live in list(self._live.values()):
+            await self._stop(live)
+            await self._send(protocol.error(code, message, live.ctx, terminal=True))
 
     async def close(self) -> None:
         """The socket is gone: stop every utterance, so no computation outlives it."""

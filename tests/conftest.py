@@ -15,8 +15,10 @@ import uvicorn
 from engine.base import Engine
 from engine.registry import EngineOptions
 from engine.worker import Worker
-from server.app import ServerConfig, Service, create_app
+from server.app import create_app
+from server.config import ServerConfig
 from server.limits import Limits
+from server.service import Service
 
 
 def free_port() -> int:
@@ -44,8 +46,8 @@ class RunningServer:
 def run_server(config: ServerConfig, engine: Callable[[], Engine] | None = None) -> Iterator[RunningServer]:
     """A real uvicorn server on 127.0.0.1, in a thread of the test process, so tests can
     read the worker's counters while talking to it over real sockets."""
-    worker = Worker(engine, max_queue_seconds=config.limits.max_queue_seconds) if engine else None
-    app = create_app(config, worker)
+    make_worker = (lambda: Worker(engine, max_queue_seconds=config.limits.max_queue_seconds)) if engine else None
+    app = create_app(config, make_worker)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(

@@ -260,6 +260,8 @@ async def test_server_wide_utterance_limit_answers_overloaded(tone_server):
         for i in range(limits.max_utterances_total):
             c = clients[i // limits.max_utterances_per_socket]
             held.append(await c.speak("hold ", ctx=f"h{i}", final=False))
+            # Sockets are served concurrently: be sure this one holds its slot first.
+            assert (await anext(aiter(held[-1]))).type == "started"
         extra = await clients[2].speak("no room.", ctx="extra")
         with pytest.raises(Exception) as e:
             await extra.collect()

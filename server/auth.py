@@ -1,0 +1,51 @@
+"""Who may connect: API keys and browser origins.
+
+Browsers cannot set headers on a WebSocket, so a key is also accepted as a ``token``
+query parameter or as a ``voxwire.token.<key>`` subprotocol beside ``voxwire.v1``.
+Keys are compared in constant time, each against every configured key, so the time
+taken says nothing about how much of a key was right, or which key it was.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping, Sequence
+
+from server.config import AuthConfig
+
+SUBPROTOCOL = "voxwire.v1"
+TOKEN_SUBPROTOCOL_PREFIX = "voxwire.token."
+
+
+def presented_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> str | None:
+    auth = headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    if query.get("token"):
+        return query["token"]
+    for p in subprotocols:
+        if p.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return p[len(TOKEN_SUBPROTOCOL_PREFIX) :]
+    return None
+
+
+def key_is_valid(config: AuthConfig, key: str | None) -> bool:
+    if not config.required:
+        return True
+    candidate = (key or "").encode()
+    ok = False
+    for k in config.api_keys:
+        ok |= hmac.compare_digest(candidate, k.encode())
+    return ok and key is not None
+
+
+def origin_is_allowed(config: AuthConfig, origin: str | None) -> bool:
+    if not config.allowed_origins or origin is None:
+        return True
+    return origin.rstrip("/") in {o.rstrip("/") for o in config.allowed_origins}
+
+
+def chosen_subprotocol(subprotocols: Sequence[str]) -> str | None:
+    """Answer with the protocol name, never with the token a browser offered."""
+    return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
