@@ -48,9 +48,11 @@ class Supervisor:
             return False
         stuck = self.worker
         log.error("engine step has run %.1f s (bound %.1f s): replacing the worker", running, self.step_timeout)
-        stuck.abandon("engine_timeout", f"the engine did not answer within {self.step_timeout:g} s")
+        # The replacement is in place before anyone hears of the failure, so a client
+        # that retries at once reaches the new worker (loading, at worst).
         self.worker = self._make_worker().start()
         self.restarts += 1
+        stuck.abandon("engine_timeout", f"the engine did not answer within {self.step_timeout:g} s")
         return True
 
     def _watch(self) -> None:

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -124,6 +125,9 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         engine = service.worker.loaded_engine()
         return JSONResponse({"voices": [v.to_dict() for v in engine.voices()], "default": service.defaults.voice})
 
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     async def index(request: Request) -> Response:
         return RedirectResponse("/client/demo.html")
 
@@ -132,6 +136,7 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/v1/voices", voices),
+        Route("/metrics", metrics),
     ]
     if (JS_CLIENT_DIR / "demo.html").is_file():
         routes += [Route("/", index), Mount("/client", StaticFiles(directory=JS_CLIENT_DIR), name="client")]

@@ -14,6 +14,7 @@ from engine.supervisor import Supervisor
 from engine.worker import Worker
 from server.config import ServerConfig
 from server.limits import Admission
+from server.metrics import Metrics
 from server.protocol import StreamSettings
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class Service:
         self.defaults: StreamSettings | None = None
         self.draining = False
         self.sessions: dict[Session, CloseSocket] = {}
+        self.metrics = Metrics(self)
 
     @property
     def worker(self) -> Worker:
@@ -43,6 +45,7 @@ class Service:
         return self.supervisor.worker
 
     async def start(self) -> None:
+        self.metrics.bind_loop(asyncio.get_running_loop())
         self.supervisor.start()
         engine = await asyncio.to_thread(self.supervisor.wait_ready)
         voices = engine.voices()

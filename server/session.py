@@ -90,11 +90,14 @@ class Session:
     async def handle(self, data: str | bytes) -> None:
         """Act on one client message. Protocol errors are answered, never raised."""
         try:
+            message = protocol.parse(data)
+            # Parsed first, so the refusal can name the utterance whose text was dropped.
             if not self._bucket.take():
                 raise ProtocolError(
-                    "rate_limited", f"more than {self.limits.messages_per_second:g} messages per second; message dropped"
+                    "rate_limited",
+                    f"more than {self.limits.messages_per_second:g} messages per second; this message was dropped",
+                    getattr(message, "ctx", None),
                 )
-            message = protocol.parse(data)
             if isinstance(message, Config):
                 await self._config(message)
             elif isinstance(message, Speak):
@@ -170,6 +173,7 @@ class Session:
                 return  # it finished while the cancel was on its way: nothing to stop
             raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
         await self._stop(live)
+        self._record("cancelled")
         await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=live.samples_sent, frames=live.frames))
 
     def _get(self, ctx: str) -> _Live:
@@ -217,9 +221,12 @@ class Session:
                     await self._send(protocol.event("flushed", ctx=live.ctx))
                 elif isinstance(item, Finished):
                     await self._send_frames(live, out.finish())
-                    await self._send(protocol.event("done", ctx=live.ctx, **self._figures(live)))
+                    figures = self._figures(live)
+                    await self._send(protocol.event("done", ctx=live.ctx, **figures))
+                    self._record("done", figures)
                     return
                 elif isinstance(item, Failed):
+                    self._record(item.code)
                     await self._send(protocol.error(item.code, item.message, live.ctx, terminal=True))
                     return
         except asyncio.CancelledError:
@@ -227,6 +234,7 @@ class Session:
         except Exception:
             # A send that fails means the socket is gone; the session's close cleans up.
             log.debug("utterance %s stopped: socket closed", live.ctx, exc_info=True)
+            self._record("disconnected")
         finally:
             self._release(live)
 
@@ -260,6 +268,15 @@ class Session:
             "engine_steps": u.steps,
             "engine_steps_at_first_chunk": live.steps_at_first_frame,
         }
+
+    def _record(self, outcome: str, figures: dict[str, object] | None = None) -> None:
+        m = self.service.metrics
+        m.utterances.labels(outcome).inc()
+        if figures is not None:
+            if isinstance(figures["ttfa_ms"], float):
+                m.ttfa.observe(figures["ttfa_ms"] / 1000)
+            if isinstance(figures["rtf"], float):
+                m.rtf.observe(figures["rtf"])
 
     def _release(self, live: _Live) -> None:
         # However the stream ended (a failed send included), the worker must stop too.

@@ -1,0 +1,231 @@
+"""A bounded soak: many clients that listen, cancel and vanish, then a leak check.
+
+    python -m benchmarks.soak --clients 32 --duration 60 [--json out.json]
+
+It starts a server of its own on 127.0.0.1 (or uses --url, with --pid for the readings),
+warms it up, takes a baseline of the server's RSS, threads, open file descriptors and
+event-loop tasks, runs the clients for a fixed time, lets the server settle, and checks
+that every reading returned to its baseline. Traffic goes to loopback only, and every
+loop is bounded in count and time. Exit status 1 means a leak or a lost utterance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+import websockets
+
+CORPUS = [
+    "Hello there.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Your order has shipped, and it should arrive on Tuesday.",
+    "I'm sorry, I didn't catch that. Could you say it again?",
+    "Turn left in two hundred meters, then continue straight.",
+    "Streaming speech starts at once. The rest follows while the listener hears the first words.",
+]
+
+
+@dataclass
+class Readings:
+    rss_mb: float
+    threads: int
+    fds: int
+    tasks: int
+
+
+@dataclass
+class SoakResult:
+    clients: int
+    duration_s: float
+    started: int = 0
+    served: int = 0
+    cancels: int = 0
+    disconnects: int = 0
+    unexpected: list[str] = field(default_factory=list)
+    baseline: Readings | None = None
+    peak_rss_mb: float = 0.0
+    final: Readings | None = None
+    leaks: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.leaks and not self.unexpected and self.started == self.served + self.cancels + self.disconnects
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+async def _gauge(http: str, name: str) -> float:
+    async with httpx.AsyncClient(timeout=30) as client:
+        text = (await client.get(f"{http}/metrics")).text
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
+
+
+async def read_process(pid: int, http: str) -> Readings:
+    threads = len(os.listdir(f"/proc/{pid}/task"))
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    tasks = int(await _gauge(http, "voxwire_asyncio_tasks"))
+    return Readings(rss_mb=rss_mb(pid), threads=threads, fds=fds, tasks=tasks)
+
+
+async def _client(url: str, deadline: float, rng: random.Random, result: SoakResult) -> None:
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        action = rng.choices(["listen", "cancel", "disconnect"], weights=[2, 1, 1])[0]
+        stop_after = rng.randint(1, 6)
+        ws = await websockets.connect(url, open_timeout=30)
+        try:
+            await asyncio.wait_for(ws.recv(), 30)
+            ctx = f"s{n}"
+            text = " ".join(rng.sample(CORPUS, rng.randint(1, 3)))
+            await ws.send(orjson.dumps({"type": "speak", "ctx": ctx, "text": text}).decode())
+            result.started += 1
+            frames = 0
+            while True:
+                m = await asyncio.wait_for(ws.recv(), 60)
+                if isinstance(m, bytes):
+                    frames += 1
+                    if frames == stop_after and action == "disconnect":
+                        ws.transport.abort()  # the client just vanishes, no close handshake
+                        result.disconnects += 1
+                        break
+                    if frames == stop_after and action == "cancel":
+                        await ws.send(orjson.dumps({"type": "cancel", "ctx": ctx}).decode())
+                    continue
+                event = orjson.loads(m)
+                if event["type"] == "done":
+                    result.served += 1
+                    break
+                if event["type"] == "cancelled":
+                    result.cancels += 1
+                    break
+                if event["type"] == "error":
+                    result.unexpected.append(f"{event['code']}: {event['message']}")
+                    break
+        except Exception as e:  # noqa: BLE001 - every surprise is recorded, none is fatal
+            result.unexpected.append(f"{type(e).__name__}: {e}")
+        finally:
+            if not ws.transport.is_closing():
+                await ws.close()
+
+
+async def soak(
+    url: str, http: str, pid: int, clients: int, duration: float, warmup: float, seed: int, rss_tolerance_mb: float
+) -> SoakResult:
+    rng = random.Random(seed)
+    # Warm-up: allocator arenas and caches reach their working size before the baseline.
+    warm = SoakResult(clients=4, duration_s=warmup)
+    end = time.monotonic() + warmup
+    await asyncio.gather(*(_client(url, end, random.Random(rng.random()), warm) for _ in range(4)))
+    await _settle(http)
+    result = SoakResult(clients=clients, duration_s=duration)
+    result.baseline = await read_process(pid, http)
+    end = time.monotonic() + duration
+
+    async def sample_rss() -> None:
+        while time.monotonic() < end:
+            result.peak_rss_mb = max(result.peak_rss_mb, rss_mb(pid))
+            await asyncio.sleep(0.5)
+
+    await asyncio.gather(
+        sample_rss(), *(_client(url, end, random.Random(rng.random()), result) for _ in range(clients))
+    )
+    await _settle(http)
+    result.final = final = await read_process(pid, http)
+    base = result.baseline
+    if final.tasks > base.tasks:
+        result.leaks.append(f"event-loop tasks {base.tasks} -> {final.tasks}")
+    if final.threads > base.threads:
+        result.leaks.append(f"threads {base.threads} -> {final.threads}")
+    if final.fds > base.fds:
+        result.leaks.append(f"file descriptors {base.fds} -> {final.fds}")
+    if final.rss_mb - base.rss_mb > rss_tolerance_mb:
+        result.leaks.append(f"RSS {base.rss_mb:.0f} -> {final.rss_mb:.0f} MB")
+    return result
+
+
+async def _settle(http: str, timeout: float = 20.0) -> None:
+    """Wait until the server holds no connection and no utterance (it may take a moment
+    to notice sockets that vanished)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if await _gauge(http, "voxwire_connections") == 0 and await _gauge(http, "voxwire_worker_utterances") == 0:
+            await asyncio.sleep(0.5)  # let closing handshakes and task teardown finish
+            return
+        await asyncio.sleep(0.2)
+
+
+def spawn_server(port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited during start-up")
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the server did not become ready")
+
+
+def run(clients: int = 32, duration: float = 60, warmup: float = 5, seed: int = 1, port: int = 0,
+        rss_tolerance_mb: float = 48.0) -> SoakResult:
+    if not port:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    proc = spawn_server(port)
+    try:
+        return asyncio.run(
+            soak(f"ws://127.0.0.1:{port}/v1/stream", f"http://127.0.0.1:{port}", proc.pid, clients, duration, warmup,
+                 seed, rss_tolerance_mb)
+        )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of traffic after the warm-up")
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rss-tolerance-mb", type=float, default=48.0)
+    p.add_argument("--json", type=Path, help="write the result here")
+    args = p.parse_args(argv)
+    result = run(args.clients, args.duration, args.warmup, args.seed, rss_tolerance_mb=args.rss_tolerance_mb)
+    summary = {**asdict(result), "ok": result.ok}
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

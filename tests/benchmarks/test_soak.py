@@ -1,0 +1,15 @@
+"""The soak's short form: 32 clients for a bounded time, then a leak check."""
+
+from benchmarks.soak import run
+
+
+def test_short_soak_leaks_nothing_and_loses_nothing():
+    result = run(clients=32, duration=15, warmup=6, seed=7, rss_tolerance_mb=64)
+    assert result.unexpected == []
+    assert result.started > 0 and result.started == result.served + result.cancels + result.disconnects
+    assert result.served and result.cancels and result.disconnects  # every path was exercised
+    assert result.leaks == [], result.leaks
+    assert result.final is not None and result.baseline is not None
+    assert (result.final.tasks, result.final.threads, result.final.fds) == (
+        result.baseline.tasks, result.baseline.threads, result.baseline.fds,
+    )
