@@ -15,9 +15,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+ORACLE := tests/engine/cosyvoice2/oracle-requirements.txt
+
 # Reinstall whenever a dependency list changes, so `make test` also updates .venv.
-$(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
+# The CosyVoice2 reference (a test oracle only) goes in without its dependencies: it pins
+# torch, numpy and transformers versions that the project must not take.
+$(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml $(ORACLE)
 	$(BIN)/python -m pip install --quiet -e clients/python -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps -r $(ORACLE)
 	touch $@
 
 install: $(STAMP)

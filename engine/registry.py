@@ -21,6 +21,7 @@ class EngineOptions:
     model_dir: Path = Path("pretrained_models/CosyVoice2-0.5B")
     voices_dir: Path | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    """Engine-specific keyword arguments (tests set CosyVoice2's ``cpu_threads``)."""
 
 
 def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
@@ -39,7 +40,9 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
         def cosyvoice2() -> Engine:
             from engine.cosyvoice2.engine import CosyVoice2Engine
 
-            return CosyVoice2Engine(options.model_dir, device=options.device, voices_dir=options.voices_dir)
+            return CosyVoice2Engine(
+                options.model_dir, device=options.device, voices_dir=options.voices_dir, **options.extra  # type: ignore[arg-type]
+            )
 
         return cosyvoice2
     raise EngineError("bad_config", f"unknown engine {options.name!r}; choose one of {', '.join(ENGINES)}")

@@ -15,7 +15,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,6 +27,7 @@ from engine.queue import AudioQueue, Failed, Finished, Flushed
 from engine.text.segment import Segmenter, SegmenterLimits
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -125,7 +128,9 @@ class Worker:
         self._cond = threading.Condition()
         self._utterances: list[Utterance] = []
         self._stopping = False
+        self._calls: deque[tuple[Callable[[Engine], object], Future[object]]] = deque()
         self._stepping: Utterance | None = None
+        self._calling: Future[object] | None = None
         self._step_started_at: float | None = None
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
@@ -192,7 +197,13 @@ class Worker:
         with self._cond:
             self._stopping = True
             stuck, leftover, self._utterances = self._stepping, self._utterances, []
+            calls, self._calls = list(self._calls), deque()
+            running_call, self._calling = self._calling, None
             self._cond.notify()
+        if running_call is not None and not running_call.done():
+            running_call.set_exception(EngineError(code, message))
+        for _, future in calls:
+            future.set_exception(EngineError("engine_restarted", "the engine was restarted after a fault; retry"))
         for u in leftover:
             u.outcome = "failed"
             self.stats.failures += 1
@@ -212,6 +223,18 @@ class Worker:
             self.stats.utterances += 1
             self._cond.notify()
         return u
+
+    def call(self, fn: Callable[[Engine], T]) -> Future[T]:
+        """Run ``fn(engine)`` on the inference thread, between two steps: engines are
+        only ever touched from their own thread (voice registration, for one)."""
+        self.loaded_engine()
+        future: Future[T] = Future()
+        with self._cond:
+            if self._stopping:
+                raise EngineError("shutting_down", "the engine is stopping")
+            self._calls.append((fn, future))  # type: ignore[arg-type]
+            self._cond.notify()
+        return future
 
     def _wake(self) -> None:
         with self._cond:
@@ -248,14 +271,32 @@ class Worker:
                     cancelled = [u for u in self._utterances if u._cancelled]
                     for u in cancelled:
                         self._utterances.remove(u)
-                    chosen = scheduler.pick(self._utterances)
-                    if chosen or cancelled:
+                    call = self._calls.popleft() if self._calls else None
+                    chosen = [] if call else scheduler.pick(self._utterances)
+                    if chosen or cancelled or call:
                         break
                     self._cond.wait()
             for u in cancelled:
                 self._end(u, "cancelled", None)
+            if call is not None:
+                self._run_call(engine, *call)
             if chosen:
                 self._advance(engine, chosen[0])
+
+    def _run_call(self, engine: Engine, fn: Callable[[Engine], object], future: Future[object]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        self._calling, self._step_started_at = future, time.monotonic()
+        try:
+            result = fn(engine)
+        except BaseException as e:  # handed to the caller, who decides what it means
+            if not future.done():
+                future.set_exception(e)
+        else:
+            if not future.done():  # a watchdog may have failed it already
+                future.set_result(result)
+        finally:
+            self._calling, self._step_started_at = None, None
 
     def _advance(self, engine: Engine, u: Utterance) -> None:
         if u._current is None:

@@ -17,7 +17,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engine.worker import Worker
-from server import auth
+from server import auth, voices
 from server.config import ServerConfig
 from server.service import Service
 from server.session import Session
@@ -118,12 +118,12 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
             return JSONResponse({"error": {"code": "not_ready", "message": "the engine is loading"}}, status_code=503)
         return None
 
-    async def voices(request: Request) -> Response:
+    async def voices_route(request: Request) -> Response:
         if (r := refused(request)) is not None:
             return r
-        assert service.defaults is not None
-        engine = service.worker.loaded_engine()
-        return JSONResponse({"voices": [v.to_dict() for v in engine.voices()], "default": service.defaults.voice})
+        if request.method == "POST":
+            return await voices.register_voice(request, service)
+        return voices.list_voices(service)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -135,7 +135,7 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         WebSocketRoute("/v1/stream", stream),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
-        Route("/v1/voices", voices),
+        Route("/v1/voices", voices_route, methods=["GET", "POST"]),
         Route("/metrics", metrics),
     ]
     if (JS_CLIENT_DIR / "demo.html").is_file():

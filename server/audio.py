@@ -14,7 +14,6 @@ import soxr
 
 Format = Literal["pcm_s16le", "pcm_f32le", "mulaw"]
 FORMATS: tuple[str, ...] = get_args(Format)
-BYTES_PER_SAMPLE: dict[str, int] = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1}
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
 MIN_CHUNK_MS, MAX_CHUNK_MS = 150, 250
 
@@ -36,15 +35,6 @@ def mulaw_encode(x: np.ndarray) -> np.ndarray:
     return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
 
 
-def mulaw_decode(u: np.ndarray) -> np.ndarray:
-    """G.711 mu-law bytes to int16 samples."""
-    u = ~u.astype(np.int32) & 0xFF
-    exponent = (u >> 4) & 0x07
-    magnitude = (((u & 0x0F) << 3) + _MULAW_BIAS) << exponent
-    pcm = magnitude - _MULAW_BIAS
-    return np.where(u & 0x80, -pcm, pcm).astype(np.int16)
-
-
 def encode(x: np.ndarray, fmt: str) -> bytes:
     if fmt == "pcm_s16le":
         return to_int16(x).astype("<i2").tobytes()
@@ -52,17 +42,6 @@ def encode(x: np.ndarray, fmt: str) -> bytes:
         return np.clip(x, -1.0, 1.0).astype("<f4").tobytes()
     if fmt == "mulaw":
         return mulaw_encode(x).tobytes()
-    raise ValueError(f"unknown format {fmt!r}")
-
-
-def decode(data: bytes, fmt: str) -> np.ndarray:
-    """The inverse of ``encode``, to float32; for tests and tools."""
-    if fmt == "pcm_s16le":
-        return np.frombuffer(data, "<i2").astype(np.float32) / 32767.0
-    if fmt == "pcm_f32le":
-        return np.frombuffer(data, "<f4").astype(np.float32)
-    if fmt == "mulaw":
-        return mulaw_decode(np.frombuffer(data, np.uint8)).astype(np.float32) / 32767.0
     raise ValueError(f"unknown format {fmt!r}")
 
 

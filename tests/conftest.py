@@ -85,3 +85,17 @@ def tone_server() -> Iterator[RunningServer]:
     limits = Limits(max_utterances_per_socket=3, max_utterances_total=6, max_text_chars=2000, max_message_bytes=16384)
     with run_server(ServerConfig(limits=limits), engine=lambda: ToneEngine(step_delay=0.01)) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def cosyvoice_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """CosyVoice2 on a tiny random-weight model directory in the released layout."""
+    from tests.fixtures.cosyvoice2_tiny import make_tiny_model_dir
+
+    model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("cv2_server"))
+    options = EngineOptions(
+        name="cosyvoice2", model_dir=model_dir, voices_dir=tmp_path_factory.mktemp("cv2_voices"),
+        extra={"cpu_threads": 1, "seed": 0},
+    )
+    with run_server(ServerConfig(engine=options)) as s:
+        yield s

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1}
-
 
 def mulaw_to_int16(data: bytes) -> np.ndarray:
     u = ~np.frombuffer(data, np.uint8).astype(np.int32) & 0xFF

@@ -1,0 +1,177 @@
+"""``CosyVoice2Engine``: zero-shot voice cloning, streamed, on the engine worker thread."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..base import Engine, EngineError, SynthesisParams, Voice
+from .config import ConfigError
+from .frontend import Frontend, Prompt
+from .pipeline import Stats, synthesize_ids
+from .text import normalize_text, split_ids
+from .tokenizer import load_tokenizer
+from .voices import StoredVoice, VoiceStore, content_id
+from .weights import DOWNLOAD_HINT, CheckpointError, load_models, missing_files
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 2000
+MAX_SEGMENT_TOKENS = 80  # the reference splits longer text before the LM
+_PUNCTUATION = ".,!?;:。，！？；：、"
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+class CosyVoice2Engine(Engine):
+    name = "cosyvoice2"
+    sample_rate = 24000
+
+    def __init__(
+        self,
+        model_dir: Path,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        voices_dir: Path | None = None,
+        *,
+        first_chunk_tokens: int = 10,
+        seed: int | None = None,
+        cpu_threads: int | None = None,
+    ) -> None:
+        """``cpu_threads`` sets torch's (process-wide) intra-op threads; 1 is much faster
+        for the tiny test model on a loaded machine, where spinning threads contend."""
+        model_dir = Path(model_dir)
+        if cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)
+        missing = missing_files(model_dir)
+        if missing:
+            raise EngineError(
+                "model_missing",
+                f"the CosyVoice2 model directory {model_dir} lacks: {', '.join(missing)}. {DOWNLOAD_HINT}",
+            )
+        dev = torch.device(device)
+        if dtype is None:
+            dtype = default_dtype(dev)
+        if dev.type == "cpu" and dtype != torch.float32:
+            log.warning("CosyVoice2 runs in float32 on CPU (asked for %s)", dtype)
+            dtype = torch.float32
+        if not 5 <= first_chunk_tokens <= 25:
+            raise ValueError("first_chunk_tokens must be within 5..25 (a first chunk under 5 tokens is all overlap)")
+        try:
+            self.models = load_models(model_dir, dev, dtype)
+            self.tokenizer = load_tokenizer(model_dir / "CosyVoice-BlankEN")
+            self.frontend = Frontend(model_dir, self.models.cfg, self.tokenizer)
+        except (ConfigError, CheckpointError) as exc:
+            raise EngineError("model_invalid", f"{model_dir}: {exc}") from exc
+        self.device = str(dev)
+        self.dtype = dtype
+        self.sample_rate = self.models.cfg.sample_rate
+        self.first_chunk_tokens = first_chunk_tokens
+        self.stats = Stats()
+        self.store = VoiceStore(voices_dir)
+        self._seed = seed if seed is not None else secrets.randbits(62)
+        self._utterance = 0
+        self._boundaries = {
+            ids[0] for ids in (self.tokenizer.encode(p) for p in _PUNCTUATION) if len(ids) == 1
+        }
+
+    # ------------------------------------------------------------------ voices
+
+    def _voice(self, stored: StoredVoice) -> Voice:
+        return Voice(
+            id=stored.id,
+            name=stored.name,
+            language="multilingual",
+            sample_rate=self.sample_rate,
+            description=f"zero-shot clone ({len(stored.prompt.speech_tokens) / 25:.1f} s reference)",
+        )
+
+    def voices(self) -> Sequence[Voice]:
+        return [self._voice(v) for v in self.store.all()]
+
+    def register_voice(self, audio: np.ndarray, sample_rate: int, transcript: str, name: str) -> Voice:
+        """Run the frontend once per distinct (audio, transcript); store the result."""
+        if not isinstance(audio, np.ndarray):
+            raise EngineError("bad_audio", "the reference audio must be a numpy array")
+        voice_id = content_id(audio, int(sample_rate), transcript or "")
+        known = self.store.get(voice_id)
+        if known is not None:
+            return self._voice(known)
+        prompt = self.frontend.extract(audio, int(sample_rate), transcript)
+        self.stats.frontend_runs += 1
+        name = (name or "").strip()[:100] or voice_id
+        stored = StoredVoice(voice_id, name, prompt, transcript.strip())
+        self.store.add(stored)
+        return self._voice(stored)
+
+    # ------------------------------------------------------------------ synthesis
+
+    def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray]:
+        stored = self.store.get(params.voice)
+        if stored is None:
+            raise EngineError("unknown_voice", f"no CosyVoice2 voice {params.voice!r}; register one first")
+        if not 0.5 <= params.speed <= 2.0:
+            raise EngineError("bad_speed", f"speed {params.speed} is outside 0.5-2.0")
+        if len(text) > MAX_TEXT_CHARS:
+            raise EngineError("text_too_long", f"text is {len(text)} characters; at most {MAX_TEXT_CHARS}")
+        ids = self.tokenizer.encode(normalize_text(text))
+        self._utterance += 1
+        seed = (self._seed + self._utterance) % (1 << 63)
+        return self._stream(stored.prompt, ids, params.speed, seed)
+
+    def _stream(self, prompt: Prompt, ids: list[int], speed: float, seed: int, **lm_bounds: int) -> Iterator[np.ndarray]:
+        self.stats.utterances_started += 1
+        finished = False
+        try:
+            generator = torch.Generator(device=self.models.flow.input_embedding.weight.device).manual_seed(seed)
+            for piece in split_ids(ids, self._boundaries, MAX_SEGMENT_TOKENS):
+                yield from synthesize_ids(
+                    self.models, prompt, piece, stats=self.stats, first_chunk_tokens=self.first_chunk_tokens,
+                    speed=speed, generator=generator, **lm_bounds,
+                )  # fmt: skip
+            finished = True
+        finally:
+            if finished:
+                self.stats.utterances_finished += 1
+            else:
+                self.stats.utterances_closed += 1
+
+    def synthesize_tokens(
+        self, text: str, voice: str, *, n_tokens: int, speed: float = 1.0, seed: int = 0
+    ) -> Iterator[np.ndarray]:
+        """Like ``synthesize`` but the LM emits exactly ``n_tokens`` speech tokens
+        (stop tokens are masked until then): for benchmarks with fixed lengths."""
+        stored = self.store.get(voice)
+        if stored is None:
+            raise EngineError("unknown_voice", f"no CosyVoice2 voice {voice!r}")
+        ids = self.tokenizer.encode(normalize_text(text))
+        return self._stream(stored.prompt, ids, speed, seed, min_tokens=n_tokens, max_tokens=n_tokens)
+
+    def warmup(self) -> None:
+        voices = self.store.all()
+        if voices:
+            prompt = voices[0].prompt
+        else:  # a silent stand-in prompt: enough to touch every kernel once
+            n = 50
+            prompt = Prompt(
+                text_ids=np.asarray(self.tokenizer.encode("warm up"), dtype=np.int64),
+                speech_tokens=np.zeros(n, dtype=np.int64),
+                mel=np.full((2 * n, self.models.cfg.flow.output_size), -5.0, dtype=np.float32),
+                embedding=np.ones(self.models.cfg.flow.spk_embed_dim, dtype=np.float32),
+            )
+        for _ in self._stream(prompt, self.tokenizer.encode("Warm up."), 1.0, 0, min_tokens=30, max_tokens=30):
+            pass
+
+    def close(self) -> None:
+        self.models = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,225 @@
+"""The flow-matching velocity estimator: a 1-D U-Net of causal convolutions and
+chunk-causal transformer blocks (the reference's ``CausalConditionalDecoder``).
+
+Every convolution is causal (left context only), every norm is per frame and the
+attention sees up to the end of its own 50-frame chunk. So, for one Euler step,
+a new chunk needs only (a) the last two input frames of every convolution and
+(b) the keys/values of earlier frames of every attention block. :class:`StepState`
+holds exactly that, one per Euler step; module and key names follow the reference
+(diffusers' ``BasicTransformerBlock``) so ``flow.pt`` loads strictly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .cache import TimeCache
+from .config import ConfigError, EstimatorConfig
+from .encoder import chunk_mask
+
+
+class StepState:
+    """Left context for one Euler step: conv tails and attention caches, keyed by slot."""
+
+    def __init__(self) -> None:
+        self.tails: dict[int, Tensor] = {}
+        self.kv: dict[int, tuple[TimeCache, TimeCache]] = {}
+
+    def cache(self, slot: int) -> tuple[TimeCache, TimeCache]:
+        if slot not in self.kv:
+            self.kv[slot] = (TimeCache(), TimeCache())
+        return self.kv[slot]
+
+    def nbytes(self) -> int:
+        return sum(k.nbytes() + v.nbytes() for k, v in self.kv.values())
+
+
+class CausalConv1d(nn.Conv1d):
+    """A conv over the current and k-1 previous frames; the previous ones come from the state."""
+
+    slot = -1
+
+    def __init__(self, cin: int, cout: int, kernel: int) -> None:
+        super().__init__(cin, cout, kernel)
+
+    def forward(self, x: Tensor, st: StepState) -> Tensor:  # type: ignore[override]
+        k = self.kernel_size[0] - 1
+        tail = st.tails.get(self.slot)
+        if tail is None:
+            tail = x.new_zeros(x.shape[0], x.shape[1], k)
+        x = torch.cat([tail, x], dim=2)
+        st.tails[self.slot] = x[:, :, -k:]
+        return super().forward(x)
+
+
+class CausalBlock1D(nn.Module):
+    """conv -> LayerNorm over channels -> Mish. Indices match the reference Sequential."""
+
+    def __init__(self, dim: int, dim_out: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(CausalConv1d(dim, dim_out, 3), nn.Identity(), nn.LayerNorm(dim_out))
+
+    def forward(self, x: Tensor, st: StepState) -> Tensor:
+        x = self.block[0](x, st)
+        return F.mish(self.block[2](x.transpose(1, 2)).transpose(1, 2))
+
+
+class CausalResnetBlock1D(nn.Module):
+    def __init__(self, dim: int, dim_out: int, time_emb_dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
+        self.block1 = CausalBlock1D(dim, dim_out)
+        self.block2 = CausalBlock1D(dim_out, dim_out)
+        self.res_conv = nn.Conv1d(dim, dim_out, 1)
+
+    def forward(self, x: Tensor, temb: Tensor, st: StepState) -> Tensor:
+        h = self.block1(x, st) + self.mlp(temb).unsqueeze(-1)
+        return self.block2(h, st) + self.res_conv(x)
+
+
+class Attention(nn.Module):
+    """diffusers ``Attention`` as the reference configures it: no q/k/v bias, biased output."""
+
+    slot = -1
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        inner = heads * head_dim
+        self.heads, self.head_dim = heads, head_dim
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
+
+    def forward(self, x: Tensor, st: StepState, q_start: int, chunk: int | None) -> Tensor:
+        b, n, _ = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+
+        k_cache, v_cache = st.cache(self.slot)
+        q = heads(self.to_q(x))
+        k = k_cache.append(heads(self.to_k(x)))
+        v = v_cache.append(heads(self.to_v(x)))
+        mask = chunk_mask(q_start, n, k.shape[2], chunk, x.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.to_out[0](out.transpose(1, 2).reshape(b, n, -1))
+
+
+class GELUProj(nn.Module):
+    def __init__(self, dim: int, inner: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, inner)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(self.proj(x))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int = 4) -> None:
+        super().__init__()
+        # net.1 is the reference's (inactive) dropout; kept so indices match.
+        self.net = nn.ModuleList([GELUProj(dim, dim * mult), nn.Identity(), nn.Linear(dim * mult, dim)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net[2](self.net[0](x))
+
+
+class BasicTransformerBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn1 = Attention(dim, heads, head_dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim)
+
+    def forward(self, x: Tensor, st: StepState, q_start: int, chunk: int | None) -> Tensor:
+        x = x + self.attn1(self.norm1(x), st, q_start, chunk)
+        return x + self.ff(self.norm3(x))
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, cin: int, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(cin, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+def sinusoidal_time(t: Tensor, dim: int, scale: float = 1000.0) -> Tensor:
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
+    emb = scale * t.unsqueeze(1) * freq.unsqueeze(0)
+    return torch.cat((emb.sin(), emb.cos()), dim=-1)
+
+
+class CausalConditionalDecoder(nn.Module):
+    def __init__(self, cfg: EstimatorConfig) -> None:
+        super().__init__()
+        if len(cfg.channels) != 1:
+            # Several levels would down-/up-sample in time with non-causal convs.
+            raise ConfigError("the flow estimator must have a single channel level")
+        self.cfg = cfg
+        ch = cfg.channels[0]
+        temb = ch * 4
+
+        def transformers() -> nn.ModuleList:
+            return nn.ModuleList(
+                BasicTransformerBlock(ch, cfg.num_heads, cfg.attention_head_dim) for _ in range(cfg.n_blocks)
+            )
+
+        self.time_mlp = TimestepEmbedding(cfg.in_channels, temb)
+        self.down_blocks = nn.ModuleList(
+            [nn.ModuleList([CausalResnetBlock1D(cfg.in_channels, ch, temb), transformers(), CausalConv1d(ch, ch, 3)])]
+        )
+        self.mid_blocks = nn.ModuleList(
+            nn.ModuleList([CausalResnetBlock1D(ch, ch, temb), transformers()]) for _ in range(cfg.num_mid_blocks)
+        )
+        self.up_blocks = nn.ModuleList(
+            [nn.ModuleList([CausalResnetBlock1D(2 * ch, ch, temb), transformers(), CausalConv1d(ch, ch, 3)])]
+        )
+        self.final_block = CausalBlock1D(ch, ch)
+        self.final_proj = nn.Conv1d(ch, cfg.out_channels, 1)
+        # Number the stateful modules so a StepState can key its caches by them.
+        for i, m in enumerate(m for m in self.modules() if isinstance(m, (CausalConv1d, Attention))):
+            m.slot = i
+
+    def forward(
+        self,
+        x: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        st: StepState,
+        q_start: int,
+        streaming: bool = True,
+    ) -> Tensor:
+        """Velocity for frames [q_start, q_start + n). x, mu, cond: (B, 80, n); t: (B,); spks: (B, 80)."""
+        chunk = self.cfg.static_chunk_size if streaming else None
+        temb = self.time_mlp(sinusoidal_time(t, self.cfg.in_channels).to(t.dtype))
+        h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.shape[-1]), cond], dim=1)
+
+        def attend(blocks: nn.ModuleList, h: Tensor) -> Tensor:
+            h = h.transpose(1, 2)
+            for block in blocks:
+                h = block(h, st, q_start, chunk)
+            return h.transpose(1, 2)
+
+        skips = []
+        for resnet, blocks, down in self.down_blocks:
+            h = attend(blocks, resnet(h, temb, st))
+            skips.append(h)
+            h = down(h, st)
+        for resnet, blocks in self.mid_blocks:
+            h = attend(blocks, resnet(h, temb, st))
+        for resnet, blocks, up in self.up_blocks:
+            h = torch.cat([h, skips.pop()], dim=1)
+            h = up(attend(blocks, resnet(h, temb, st)), st)
+        return self.final_proj(self.final_block(h, st))

@@ -1,0 +1,169 @@
+"""Speech tokens -> mel: the encoder, then conditional flow matching (10 Euler steps, CFG).
+
+The sequence is always [prompt tokens, generated tokens]; the prompt's mel is the
+condition for its own frames and zeros after. :class:`FlowStream` runs this
+incrementally, one or more 25-token chunks at a time, and is exact: a chunk's mel
+is what the reference computes for it in streaming mode over the whole sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import CFMConfig, FlowConfig
+from .encoder import EncoderState, UpsampleConformerEncoder
+from .estimator import CausalConditionalDecoder, StepState
+
+
+def fixed_noise(cfg: CFMConfig, channels: int) -> Tensor:
+    """The reference seeds torch with 0 and draws (1, 80, 15000) once; the same draw
+    from a private generator, so the process-wide RNG is left alone."""
+    g = torch.Generator(device="cpu").manual_seed(cfg.noise_seed)
+    return torch.randn([1, channels, cfg.noise_frames], generator=g, device="cpu")
+
+
+class CausalCFM(nn.Module):
+    def __init__(self, cfg: FlowConfig) -> None:
+        super().__init__()
+        self.cfg = cfg.cfm
+        self.estimator = CausalConditionalDecoder(cfg.estimator)
+        self.register_buffer("noise", fixed_noise(cfg.cfm, cfg.output_size), persistent=False)
+
+    def schedule(self, dtype: torch.dtype, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+        """(t, dt) per Euler step, accumulated exactly as the reference does."""
+        n = self.cfg.n_timesteps
+        span = torch.linspace(0, 1, n + 1, device=device, dtype=dtype)
+        if self.cfg.t_scheduler == "cosine":
+            span = 1 - torch.cos(span * 0.5 * torch.pi)
+        t, dt, steps = span[0], span[1] - span[0], []
+        for step in range(1, n + 1):
+            steps.append((t, dt))
+            t = t + dt
+            if step < n:
+                dt = span[step + 1] - t
+        return steps
+
+    def solve(
+        self, mu: Tensor, spks: Tensor, cond: Tensor, start: int, states: list[StepState], streaming: bool = True
+    ) -> Tensor:
+        """Mel for frames [start, start + n) given mu/cond of those frames. (1, 80, n)."""
+        n = mu.shape[2]
+        if start + n > self.noise.shape[2]:
+            raise ValueError(f"utterance longer than the {self.noise.shape[2]} frames of fixed noise")
+        x = self.noise[:, :, start : start + n].to(mu.dtype)
+        rate = self.cfg.inference_cfg_rate
+        # Classifier-free guidance: a batch of (conditioned, unconditioned).
+        mu2 = torch.cat([mu, torch.zeros_like(mu)])
+        spks2 = torch.cat([spks, torch.zeros_like(spks)])
+        cond2 = torch.cat([cond, torch.zeros_like(cond)])
+        for (t, dt), st in zip(self.schedule(mu.dtype, mu.device), states):
+            v = self.estimator(torch.cat([x, x]), mu2, t.expand(2), spks2, cond2, st, start, streaming)
+            v_cond, v_free = v.chunk(2)
+            x = x + dt * ((1.0 + rate) * v_cond - rate * v_free)
+        return x
+
+
+class CausalFlow(nn.Module):
+    """Attribute names follow the reference's ``CausalMaskedDiffWithXvec``."""
+
+    def __init__(self, cfg: FlowConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        self.encoder = UpsampleConformerEncoder(cfg.encoder)
+        self.encoder_proj = nn.Linear(cfg.encoder.output_size, cfg.output_size)
+        self.decoder = CausalCFM(cfg)
+
+    def speaker(self, embedding: Tensor) -> Tensor:
+        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        return self.input_embedding(tokens.clamp(min=0).long())
+
+    @torch.inference_mode()
+    def inference(
+        self,
+        token: Tensor,
+        prompt_token: Tensor,
+        prompt_feat: Tensor,
+        embedding: Tensor,
+        streaming: bool,
+        finalize: bool,
+    ) -> Tensor:
+        """One shot, the reference's ``flow.inference``: mel (1, 80, frames) of ``token``."""
+        stream = FlowStream(self, prompt_token, prompt_feat, embedding, streaming=streaming)
+        stream.push(token.view(-1).tolist())
+        return stream.advance(final=finalize, all_at_once=True)
+
+
+class FlowStream:
+    """One utterance's flow state. ``push`` tokens, then ``advance`` for new mel frames."""
+
+    def __init__(
+        self,
+        flow: CausalFlow,
+        prompt_tokens: Tensor,
+        prompt_mel: Tensor,
+        embedding: Tensor,
+        streaming: bool = True,
+    ) -> None:
+        p = flow.decoder.estimator.final_proj.weight
+        self.flow, self.streaming = flow, streaming
+        self.ratio = flow.cfg.token_mel_ratio
+        self.lookahead = flow.cfg.pre_lookahead_len
+        self.chunk = flow.cfg.encoder.static_chunk_size
+        self.tokens: list[int] = [int(t) for t in prompt_tokens.view(-1).tolist()]
+        self.n_prompt = len(self.tokens)
+        self.prompt_mel = prompt_mel.to(p.device, p.dtype).view(1, -1, flow.cfg.output_size).transpose(1, 2)
+        self.spks = flow.speaker(embedding.to(p.device, p.dtype).view(1, -1))
+        self.enc = flow.encoder.new_state(1, p.device, p.dtype)
+        self.steps = [StepState() for _ in range(flow.cfg.cfm.n_timesteps)]
+        self.done = 0  # tokens whose frames are computed
+
+    def push(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def ready(self, final: bool) -> int:
+        """How far (in tokens) the mel can be made exact now: the last chunk boundary
+        whose lookahead tokens exist, or everything once the LM has finished."""
+        if final:
+            return len(self.tokens)
+        if not self.streaming:
+            return self.done
+        end = len(self.tokens) - self.lookahead
+        return max(self.done, (end // self.chunk) * self.chunk if end > 0 else 0)
+
+    @torch.inference_mode()
+    def advance(self, final: bool = False, all_at_once: bool = False) -> Tensor:
+        """Compute what is ready; returns mel (1, 80, frames) of *generated* tokens only.
+
+        ``all_at_once`` with ``final=False`` is the reference's non-final call: every
+        token but the last ``lookahead`` ones, whatever the chunk boundaries.
+        """
+        upto = len(self.tokens) - self.lookahead if (all_at_once and not final) else self.ready(final)
+        p = self.spks
+        if upto <= self.done:
+            return p.new_zeros(1, self.flow.cfg.output_size, 0)
+        tokens = torch.tensor(self.tokens, device=p.device)
+        xs = self.flow.embed(tokens[self.done : upto]).unsqueeze(0).to(p.dtype)
+        ahead = self.flow.embed(tokens[upto : upto + self.lookahead]).unsqueeze(0).to(p.dtype)
+        h = self.flow.encoder.forward_chunk(xs, ahead, self.enc, self.streaming)
+        mu = self.flow.encoder_proj(h).transpose(1, 2)
+        start, end = self.done * self.ratio, upto * self.ratio
+        cond = torch.zeros_like(mu)
+        n_cond = max(0, min(self.prompt_mel.shape[2], end) - start)
+        if n_cond:
+            cond[:, :, :n_cond] = self.prompt_mel[:, :, start : start + n_cond]
+        mel = self.flow.decoder.solve(mu, self.spks, cond, start, self.steps, self.streaming)
+        self.done = upto
+        first_generated = max(0, self.n_prompt * self.ratio - start)
+        return mel[:, :, first_generated:].float()
+
+    def cache_bytes(self) -> int:
+        return self.enc.nbytes() + sum(s.nbytes() for s in self.steps)
+
+
+__all__ = ["CausalFlow", "FlowStream", "EncoderState"]

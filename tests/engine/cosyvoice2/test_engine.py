@@ -1,0 +1,143 @@
+"""The engine's contract: voices, caching, persistence, errors, streaming, cancellation."""
+
+from __future__ import annotations
+
+import io
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.base import EngineError, SynthesisParams
+from engine.cosyvoice2 import missing_files
+from engine.cosyvoice2.engine import CosyVoice2Engine
+from engine.cosyvoice2.text import normalize_text
+
+SR = 16000
+
+
+def _reference_audio(seconds: float = 3.0, f0: float = 180.0) -> np.ndarray:
+    t = np.arange(int(SR * seconds)) / SR
+    env = 0.5 + 0.5 * np.sin(2 * np.pi * 2.5 * t) ** 2
+    return (0.3 * env * np.sin(2 * np.pi * f0 * t + 2 * np.sin(2 * np.pi * 5 * t))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> CosyVoice2Engine:
+    return CosyVoice2Engine(tiny_dir, voices_dir=tmp_path_factory.mktemp("voices"), seed=123)
+
+
+@pytest.fixture(scope="module")
+def voice(engine: CosyVoice2Engine):
+    return engine.register_voice(_reference_audio(), SR, "A short reference recording.", "ref")
+
+
+def test_missing_model_is_reported_clearly(tmp_path: Path, tiny_dir: Path) -> None:
+    assert missing_files(tiny_dir) == []
+    (tmp_path / "cosyvoice2.yaml").write_text("x: 1\n")
+    missing = missing_files(tmp_path)
+    assert "llm.pt" in missing and "campplus.onnx" in missing and "CosyVoice-BlankEN/config.json" in missing
+    with pytest.raises(EngineError) as err:
+        CosyVoice2Engine(tmp_path)
+    assert err.value.code == "model_missing"
+    for name in missing:
+        assert name in err.value.message
+    assert "pretrained_models/CosyVoice2-0.5B" in err.value.message
+
+
+def test_register_caches_by_content_and_persists(engine, voice, tiny_dir: Path) -> None:
+    runs = engine.stats.frontend_runs
+    again = engine.register_voice(_reference_audio(), SR, "A short reference recording.", "other name")
+    assert again.id == voice.id and engine.stats.frontend_runs == runs  # no recomputation
+    different = engine.register_voice(_reference_audio(), SR, "Another transcript.", "ref2")
+    assert different.id != voice.id and engine.stats.frontend_runs == runs + 1
+    assert engine.has_voice(voice.id) and voice.sample_rate == 24000
+    # A restart sees the stored voices and synthesises with them without the frontend.
+    restarted = CosyVoice2Engine(tiny_dir, voices_dir=engine.store.directory, seed=1)
+    assert {v.id for v in restarted.voices()} >= {voice.id, different.id}
+    audio = np.concatenate(list(restarted.synthesize("Hello there.", SynthesisParams(voice=voice.id))))
+    assert restarted.stats.frontend_runs == 0 and audio.size > 0
+
+
+@pytest.mark.parametrize(
+    "audio,rate,transcript,code",
+    [
+        (np.zeros(0, np.float32), SR, "hi", "bad_audio"),
+        (np.array([[1, 2], [3, 4]], np.int16), SR, "hi", "bad_audio"),
+        (np.full(SR * 2, np.nan, np.float32), SR, "hi", "bad_audio"),
+        (np.zeros(SR * 2, np.float32), SR, "hi", "bad_audio"),  # silent
+        (_reference_audio(3.0), 8000, "hi", "bad_audio"),  # below 16 kHz
+        (_reference_audio(0.5), SR, "hi", "audio_too_short"),
+        (_reference_audio(31.0), SR, "hi", "audio_too_long"),
+        (_reference_audio(2.0), SR, "   ", "transcript_missing"),
+        (_reference_audio(2.0), SR, "word " * 400, "transcript_too_long"),
+    ],
+)
+def test_bad_uploads_have_stable_codes(engine, audio, rate, transcript, code) -> None:
+    with pytest.raises(EngineError) as err:
+        engine.register_voice(audio, rate, transcript, "x")
+    assert err.value.code == code
+
+
+def test_synthesize_streams_float32_pieces(engine, voice) -> None:
+    steps = engine.stats.lm_steps
+    pieces = list(engine.synthesize("Hello world, this is a test of streaming.", SynthesisParams(voice=voice.id)))
+    assert len(pieces) >= 2
+    assert all(p.dtype == np.float32 and p.ndim == 1 for p in pieces)
+    audio = np.concatenate(pieces)
+    n_tokens = engine.stats.lm_steps - steps - 1  # the last step drew the stop token
+    assert audio.size == n_tokens * 2 * 480  # 2 mel frames per token, 480 samples per frame
+    assert np.isfinite(audio).all() and np.abs(audio).max() <= 0.99
+    # The first piece came after first_chunk_tokens + 3 lookahead tokens: 10 tokens of audio
+    # minus the 8 frames withheld for the cross-fade.
+    assert pieces[0].size == (2 * 10 - 8) * 480
+
+
+def test_speed_changes_duration(engine, voice) -> None:
+    normal = sum(p.size for p in engine.synthesize("Speed test.", SynthesisParams(voice=voice.id)))
+    fast = sum(p.size for p in engine.synthesize("Speed test.", SynthesisParams(voice=voice.id, speed=1.5)))
+    assert abs(fast / normal - 1 / 1.5) < 0.05
+    with pytest.raises(EngineError) as err:
+        engine.synthesize("x", SynthesisParams(voice=voice.id, speed=9.0))
+    assert err.value.code == "bad_speed"
+
+
+def test_unknown_voice(engine) -> None:
+    with pytest.raises(EngineError) as err:
+        engine.synthesize("Hello.", SynthesisParams(voice="nope"))
+    assert err.value.code == "unknown_voice"
+
+
+def test_closing_the_generator_stops_the_lm(engine, voice) -> None:
+    text = "This sentence is long enough that the language model has many tokens left to emit. " * 2
+    gen = engine.synthesize(text, SynthesisParams(voice=voice.id))
+    first = next(gen)
+    assert first.size > 0
+    steps_at_close = engine.stats.lm_steps
+    closed = engine.stats.utterances_closed
+    gen.close()
+    assert engine.stats.utterances_closed == closed + 1
+    # Other work later does not resume the closed one's LM loop.
+    list(engine.synthesize("Short.", SynthesisParams(voice=voice.id)))
+    short_steps = engine.stats.lm_steps - steps_at_close
+    assert short_steps < 20, short_steps
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+def test_interleaved_utterances_are_independent(engine, voice) -> None:
+    p = SynthesisParams(voice=voice.id)
+    a, b = engine.synthesize("First utterance here.", p), engine.synthesize("Second one, different.", p)
+    out_a, out_b = [], []
+    for x, y in zip(a, b):
+        out_a.append(x)
+        out_b.append(y)
+    out_a += list(a)
+    out_b += list(b)
+    assert sum(map(len, out_a)) > 0 and sum(map(len, out_b)) > 0
+
+
+def test_text_normalisation() -> None:
+    assert normalize_text("  It costs 1,234.5  dollars\nand 7%. ") == "It costs one thousand two hundred thirty-four point five dollars and seven percent."
+    assert normalize_text("你好 123") == "你好 123"

@@ -1,0 +1,136 @@
+"""Voice registration over HTTP and cloned voices over the socket, with CosyVoice2 on a
+tiny random-weight model (the real architecture, reduced), through a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from server.voices import decode_audio
+from voxwire_client import Client, ServerError
+
+RATE = 16000
+
+
+def reference_wav(seconds: float = 3.0, f0: float = 150.0, fmt: str = "WAV") -> bytes:
+    t = np.arange(int(RATE * seconds)) / RATE
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2
+    audio = (0.3 * envelope * np.sin(2 * np.pi * f0 * t + 2 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
+    buf = io.BytesIO()
+    soundfile.write(buf, audio, RATE, format=fmt)
+    return buf.getvalue()
+
+
+async def register(server, audio: bytes, transcript: str = "Hello, this is my voice.", name: str = "me"):
+    async with httpx.AsyncClient(base_url=server.http, timeout=120) as http:
+        return await http.post(
+            "/v1/voices", files={"audio": ("ref.wav", audio, "audio/wav")}, data={"transcript": transcript, "name": name}
+        )
+
+
+def engine(server):
+    return server.service.worker.loaded_engine()
+
+
+async def test_register_then_speak_with_the_cloned_voice(cosyvoice_server):
+    runs = engine(cosyvoice_server).stats.frontend_runs
+    first = await register(cosyvoice_server, reference_wav(f0=140))
+    assert first.status_code == 201, first.text
+    voice = first.json()
+    assert voice["cached"] is False and voice["sample_rate"] == 24000
+    assert engine(cosyvoice_server).stats.frontend_runs == runs + 1
+    # The same content again: the cached voice, and no frontend run.
+    again = await register(cosyvoice_server, reference_wav(f0=140))
+    assert again.status_code == 200 and again.json()["id"] == voice["id"] and again.json()["cached"] is True
+    assert engine(cosyvoice_server).stats.frontend_runs == runs + 1
+    listed = httpx.get(f"{cosyvoice_server.http}/v1/voices").json()["voices"]
+    assert voice["id"] in [v["id"] for v in listed]
+
+    async with await Client.connect(cosyvoice_server.ws) as client:
+        assert client.ready["engine"] == "cosyvoice2" and client.ready["sample_rate"] == 24000
+        for _ in range(2):  # a second request with the same voice skips the frontend entirely
+            u = await client.speak("Hello there, how are you?", voice=voice["id"], sample_rate=24000)
+            frames, done = await u.collect()
+            audio = np.concatenate([f.to_float32() for f in frames])
+            assert done["samples"] == audio.size > 0.2 * 24000
+            assert np.sqrt(np.mean(audio**2)) > 1e-3  # random weights: not speech, but not silence
+            assert all(f.samples == 4800 for f in frames[:-1])
+    assert engine(cosyvoice_server).stats.frontend_runs == runs + 1
+
+
+async def test_cancel_stops_the_lm_loop(cosyvoice_server):
+    voice = (await register(cosyvoice_server, reference_wav(f0=170), name="cancel")).json()["id"]
+    stats = engine(cosyvoice_server).stats
+    closed = stats.utterances_closed
+    async with await Client.connect(cosyvoice_server.ws) as client:
+        long_text = "This is a long sentence that keeps on going. " * 20
+        u = await client.speak(long_text, voice=voice)
+        async for item in u:
+            if getattr(item, "type", None) is None:  # the first audio frame
+                break
+        await u.cancel()
+        async for item in u:
+            pass
+        assert item.type == "cancelled"
+        worker = cosyvoice_server.service.worker
+        for _ in range(500):
+            if worker.active == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert stats.utterances_closed == closed + 1  # the generator was closed mid-utterance
+        steps = stats.lm_steps
+        # Nothing runs the LM for it any more: a following utterance's steps are all new.
+        frames, done = await (await client.speak("Short.", voice=voice)).collect()
+        assert done.type == "done" and stats.lm_steps > steps
+
+
+@pytest.mark.parametrize(
+    "audio,transcript,code,status",
+    [
+        (b"definitely not audio", "words", "bad_audio", 400),
+        (reference_wav(seconds=0.3), "words", "audio_too_short", 400),
+        (reference_wav(seconds=31), "words", "audio_too_long", 400),
+        (reference_wav(), "", "transcript_missing", 400),
+    ],
+)
+async def test_bad_uploads_get_clear_errors(cosyvoice_server, audio, transcript, code, status):
+    r = await register(cosyvoice_server, audio, transcript)
+    assert (r.status_code, r.json()["error"]["code"]) == (status, code)
+    assert r.json()["error"]["message"]
+
+
+async def test_upload_shape_errors(cosyvoice_server):
+    async with httpx.AsyncClient(base_url=cosyvoice_server.http) as http:
+        r = await http.post("/v1/voices", json={"audio": "x"})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request")
+        r = await http.post("/v1/voices", data={"transcript": "no file"}, files={"other": ("x", b"1")})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request")
+        big = b"x" * (17 * 1024 * 1024)
+        r = await http.post("/v1/voices", content=big, headers={"content-type": "multipart/form-data; boundary=x"})
+        assert (r.status_code, r.json()["error"]["code"]) == (413, "upload_too_large")
+
+
+async def test_speaking_with_an_unregistered_voice_is_refused(cosyvoice_server):
+    async with await Client.connect(cosyvoice_server.ws) as client:
+        with pytest.raises(ServerError) as e:
+            await (await client.speak("Hi.", voice="not-registered")).collect()
+        assert e.value.code == "unknown_voice"
+
+
+async def test_piper_cannot_clone(piper_server):
+    r = await register(piper_server, reference_wav())
+    assert (r.status_code, r.json()["error"]["code"]) == (501, "voice_registration_unsupported")
+
+
+def test_decode_audio_reads_any_libsndfile_format_to_mono():
+    for fmt in ("WAV", "FLAC", "OGG"):
+        audio, rate = decode_audio(reference_wav(seconds=1.0, fmt=fmt))
+        assert rate == RATE and audio.ndim == 1 and abs(audio.size - RATE) < 1000
+    with pytest.raises(Exception) as e:
+        decode_audio(b"RIFF....WAVEjunk")
+    assert getattr(e.value, "code", None) == "bad_audio"
