@@ -14,18 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import re
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
 import orjson
 import websockets
+
+from benchmarks.process import fds, free_port, gauge, rss_mb, spawn_voxwire, stop, threads
 
 CORPUS = [
     "Hello there.",
@@ -64,22 +62,9 @@ class SoakResult:
         return not self.leaks and not self.unexpected and self.started == self.served + self.cancels + self.disconnects
 
 
-def rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
-
-
-async def _gauge(http: str, name: str) -> float:
-    async with httpx.AsyncClient(timeout=30) as client:
-        text = (await client.get(f"{http}/metrics")).text
-    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
-
-
 async def read_process(pid: int, http: str) -> Readings:
-    threads = len(os.listdir(f"/proc/{pid}/task"))
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    tasks = int(await _gauge(http, "voxwire_asyncio_tasks"))
-    return Readings(rss_mb=rss_mb(pid), threads=threads, fds=fds, tasks=tasks)
+    tasks = int(await gauge(http, "voxwire_asyncio_tasks"))
+    return Readings(rss_mb=rss_mb(pid), threads=threads(pid), fds=fds(pid), tasks=tasks)
 
 
 async def _client(url: str, deadline: float, rng: random.Random, result: SoakResult) -> None:
@@ -164,50 +149,23 @@ async def _settle(http: str, timeout: float = 20.0) -> None:
     to notice sockets that vanished)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if await _gauge(http, "voxwire_connections") == 0 and await _gauge(http, "voxwire_worker_utterances") == 0:
+        if await gauge(http, "voxwire_connections") == 0 and await gauge(http, "voxwire_worker_utterances") == 0:
             await asyncio.sleep(0.5)  # let closing handshakes and task teardown finish
             return
         await asyncio.sleep(0.2)
 
 
-def spawn_server(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError("the server exited during start-up")
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the server did not become ready")
-
-
 def run(clients: int = 32, duration: float = 60, warmup: float = 5, seed: int = 1, port: int = 0,
         rss_tolerance_mb: float = 48.0) -> SoakResult:
-    if not port:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    proc = spawn_server(port)
+    port = port or free_port()
+    proc = spawn_voxwire(port)
     try:
         return asyncio.run(
             soak(f"ws://127.0.0.1:{port}/v1/stream", f"http://127.0.0.1:{port}", proc.pid, clients, duration, warmup,
                  seed, rss_tolerance_mb)
         )
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def main(argv: list[str] | None = None) -> int:

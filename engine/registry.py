@@ -15,7 +15,7 @@ ENGINES = ("piper", "cosyvoice2")
 class EngineOptions:
     name: str = "piper"
     device: str = "cpu"
-    piper_backend: str = "onnx"
+    piper_backend: str = "torch"
     piper_voices: tuple[Path, ...] = ()
     """Extra Piper voice files; the embedded joe voice is used when none are given."""
     model_dir: Path = Path("pretrained_models/CosyVoice2-0.5B")

@@ -21,7 +21,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--engine", choices=ENGINES, default="piper", help="engine (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 (default: %(default)s)")
     p.add_argument(
-        "--piper-backend", choices=("torch", "onnx"), default="onnx", help="Piper runtime (default: %(default)s)"
+        "--piper-backend", choices=("torch", "onnx"), default="torch",
+        help="Piper runtime: torch streams within a sentence, onnx synthesises sentence by sentence (default: %(default)s)",
     )
     p.add_argument(
         "--piper-voice", type=Path, action="append", default=[], metavar="MODEL.onnx",
@@ -101,10 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         from voxwire_client.cli import main as client_main
 
         return client_main(argv)
+    if argv and argv[0] == "bench":
+        from benchmarks.bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="voxwire", description="Voxwire streaming text-to-speech")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     sub.add_parser("say", help="speak text through a server to a WAV file (see: voxwire say --help)")
+    sub.add_parser("bench", help="measure latency, underruns and capacity (see: voxwire bench --help)")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -11,6 +12,13 @@ from dataclasses import dataclass
 
 import pytest
 import uvicorn
+from hypothesis import settings
+
+# Property tests explore the same examples on every run, so CI is reproducible; run
+# with HYPOTHESIS_PROFILE=explore to search afresh.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False, max_examples=5000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from engine.base import Engine
 from engine.registry import EngineOptions

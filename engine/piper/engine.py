@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ BACKENDS: tuple[Backend, ...] = ("torch", "onnx")
 _CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog, and everyone cheers loudly!"
 _TARGET_PEAK = 0.6
 _MAX_GAIN = 4.0
+MAX_FRAME_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -106,14 +108,17 @@ class _LoadedVoice:
             return
         import torch
 
-        from engine.piper.chunked import decode_chunks
+        from engine.piper.chunked import stream_chunks
 
         vits = self.vits
         with torch.inference_mode():
-            phonemes = torch.tensor([ids], dtype=torch.long, device=next(vits.parameters()).device)
-            z, _ = vits.infer_latent(phonemes, noise_scale, length_scale, noise_w)
-        # The first chunk is decoded before the rest of the sentence: that is the point.
-        yield from decode_chunks(vits, z)
+            phonemes = torch.tensor([ids], dtype=torch.long, device=vits.device)
+            z_p, _ = vits.infer_prior(phonemes, noise_scale, length_scale, noise_w)
+        # The flow and the decoder then run chunk by chunk: the first audio is decoded
+        # before the rest of the sentence. A first piece of at least the longest frame
+        # (250 ms) lets the server send its first frame straight after it.
+        first = math.ceil(MAX_FRAME_SECONDS * self.config.sample_rate / vits.hop_length)
+        yield from stream_chunks(vits, z_p, first_chunk_frames=first)
 
 
 class PiperEngine(Engine):
@@ -122,7 +127,7 @@ class PiperEngine(Engine):
     def __init__(
         self,
         voices: Sequence[VoiceFiles] | None = None,
-        backend: Backend = "onnx",
+        backend: Backend = "torch",
         device: str = "cpu",
     ) -> None:
         if backend not in BACKENDS:

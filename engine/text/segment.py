@@ -97,7 +97,7 @@ class Segmenter:
         first = self._emitted == 0
         if first and (sentence_end or len(text)) > limits.first_split_chars:
             for m in _CLAUSE_END.finditer(text, 0, sentence_end or len(text)):
-                if m.end() >= limits.first_clause_min_chars and m.end() < len(text):
+                if limits.first_clause_min_chars <= m.end() <= limits.max_chars and m.end() < len(text):
                     return m.end()
         if sentence_end is not None and sentence_end <= limits.max_chars:
             return sentence_end

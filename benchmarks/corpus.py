@@ -1,0 +1,30 @@
+"""Fixed texts, so that every run measures the same work."""
+
+from __future__ import annotations
+
+# Replies of the length a voice assistant speaks: one to three sentences.
+REPLIES = [
+    "Sure, I can help with that.",
+    "Your package left the warehouse this morning and should arrive on Thursday.",
+    "It is twenty one degrees and sunny right now. Expect light rain after six tonight.",
+    "I've set a timer for ten minutes. I'll let you know when it goes off.",
+    "The nearest pharmacy is two blocks north, on the corner of Elm and Fifth. It closes at nine.",
+    "Here is the summary. Revenue grew eight percent, costs stayed flat, and the margin improved.",
+]
+
+# First sentences of growing length with no clause punctuation, so that a sentence-level
+# engine must synthesise the whole sentence before its first audio.
+_WORDS = (
+    "the small brown dog ran quickly across the quiet green park toward the old wooden gate where "
+    "a tall man in a grey coat stood waiting patiently for the evening bus that always came late "
+    "on rainy days in the middle of the long cold winter"
+).split()
+
+
+def first_sentence(words: int) -> str:
+    """A sentence of exactly ``words`` words, then a short second sentence."""
+    text = " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
+    return text[0].upper() + text[1:] + ". Then it was quiet."
+
+
+FIRST_SENTENCE_WORDS = (3, 10, 20, 40)

@@ -1,0 +1,158 @@
+"""An asyncio load generator for any protocol-v1 server.
+
+Closed loop: N clients, each on its own connection, speak one text after another; by
+default each waits, as a listener would, until its simulated playback has finished
+before speaking again. Poisson: utterances arrive at a given rate, each on a fresh
+connection, for a fixed time. Every utterance is measured from the client's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import orjson
+import websockets
+
+from benchmarks.playback import simulate
+
+
+@dataclass
+class UtteranceResult:
+    words: int
+    ttfa_ms: float = float("nan")
+    """Client-observed: from sending the text to receiving the first audio frame."""
+    total_ms: float = float("nan")
+    """From sending the text to receiving ``done``."""
+    audio_ms: float = 0.0
+    frames: int = 0
+    max_gap_ms: float = 0.0
+    """The longest wait between two frames."""
+    sound_ms: float = float("nan")
+    """When a listener's jitter buffer would start playing."""
+    underruns: int = 0
+    stall_ms: float = 0.0
+    server: dict[str, Any] = field(default_factory=dict)
+    """The server's own ``done`` figures."""
+    error: str | None = None
+
+    @property
+    def rtf(self) -> float:
+        """Client-side: wall time to receive it all over its duration."""
+        return self.total_ms / self.audio_ms if self.audio_ms else float("nan")
+
+
+_ids = itertools.count()
+
+
+async def speak(ws: Any, text: str, settings: dict[str, Any], start_ms: float = 100.0) -> UtteranceResult:
+    """Speak one text on an open connection and measure it."""
+    ctx = f"b{next(_ids)}"
+    result = UtteranceResult(words=len(text.split()))
+    arrivals: list[float] = []
+    durations: list[float] = []
+    rate = settings.get("sample_rate", 0)
+    sent = time.perf_counter()
+    await ws.send(orjson.dumps({"type": "speak", "ctx": ctx, "text": text, **settings}).decode())
+    while True:
+        raw = await asyncio.wait_for(ws.recv(), 120)
+        now = time.perf_counter() - sent
+        if isinstance(raw, bytes):
+            frame = msgpack.unpackb(raw)
+            if frame["ctx"] != ctx:
+                continue
+            arrivals.append(now)
+            durations.append(frame["samples"] / rate)
+            continue
+        event = orjson.loads(raw)
+        if event.get("ctx") != ctx:
+            continue
+        if event["type"] == "started":
+            rate = event["sample_rate"]
+        elif event["type"] == "done":
+            result.total_ms = now * 1000
+            result.server = event
+            break
+        elif event["type"] == "error":
+            result.error = event["code"]
+            result.total_ms = now * 1000
+            return result
+    play = simulate(arrivals, durations, start_ms)
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    result.ttfa_ms = arrivals[0] * 1000 if arrivals else float("nan")
+    result.audio_ms = sum(durations) * 1000
+    result.frames = len(arrivals)
+    result.max_gap_ms = max(gaps, default=0.0) * 1000
+    result.sound_ms = play.start_at * 1000
+    result.underruns = play.underruns
+    result.stall_ms = play.stall_ms
+    return result
+
+
+async def _connect(url: str, headers: dict[str, str] | None) -> Any:
+    ws = await websockets.connect(url, max_size=None, open_timeout=60, additional_headers=headers)
+    ready = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
+    if ready.get("type") != "ready":
+        raise RuntimeError(f"expected ready, got {ready}")
+    return ws
+
+
+async def closed_loop(
+    url: str,
+    clients: int,
+    per_client: int,
+    texts: list[str],
+    settings: dict[str, Any] | None = None,
+    listen: bool = True,
+    headers: dict[str, str] | None = None,
+) -> list[UtteranceResult]:
+    settings = settings or {}
+
+    async def client(i: int) -> list[UtteranceResult]:
+        ws = await _connect(url, headers)
+        out = []
+        try:
+            for k in range(per_client):
+                r = await speak(ws, texts[(i + k) % len(texts)], settings)
+                out.append(r)
+                if listen and r.error is None:
+                    # A listener hears it out before asking again.
+                    await asyncio.sleep(max(0.0, (r.sound_ms + r.audio_ms + r.stall_ms - r.total_ms) / 1000))
+        finally:
+            await ws.close()
+        return out
+
+    results = await asyncio.gather(*(client(i) for i in range(clients)))
+    return [r for rs in results for r in rs]
+
+
+async def poisson(
+    url: str,
+    rate_per_s: float,
+    duration_s: float,
+    texts: list[str],
+    settings: dict[str, Any] | None = None,
+    seed: int = 0,
+    headers: dict[str, str] | None = None,
+) -> list[UtteranceResult]:
+    rng = random.Random(seed)
+    settings = settings or {}
+    tasks = []
+
+    async def one(text: str) -> UtteranceResult:
+        ws = await _connect(url, headers)
+        try:
+            return await speak(ws, text, settings)
+        finally:
+            await ws.close()
+
+    end = time.monotonic() + duration_s
+    while time.monotonic() < end:
+        tasks.append(asyncio.create_task(one(rng.choice(texts))))
+        await asyncio.sleep(rng.expovariate(rate_per_s))
+    return list(await asyncio.gather(*tasks))

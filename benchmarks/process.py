@@ -1,0 +1,77 @@
+"""Servers under test as child processes on 127.0.0.1, and readings of them."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited during start-up ({' '.join(map(str, proc.args))})")
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def spawn_voxwire(port: int, *args: str) -> subprocess.Popen[bytes]:
+    """``voxwire serve`` on 127.0.0.1:port, once it is ready."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def gauge(http: str, name: str) -> float:
+    """One value from the server's /metrics."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        text = (await client.get(f"{http}/metrics")).text
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    if m is None:
+        raise KeyError(name)
+    return float(m.group(1))

@@ -1,0 +1,136 @@
+"""Chunked decoding against whole decoding of the same latent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.piper import chunked
+from engine.piper.chunked import chunk_spans, decode_chunks, stream_chunks
+from engine.piper.vits import Vits
+
+# Measured: ~120 dB (context >= the receptive field makes chunking exact up to float
+# rounding). 80 dB is well past "inaudible" yet fails if context is even 2 frames short.
+MIN_SNR_DB = 80.0
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    ref = reference.astype(np.float64)
+    noise = np.sum((ref - test) ** 2)
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref**2) / noise))
+
+
+@pytest.fixture(scope="module")
+def latent(vits: Vits, phoneme_ids):
+    """A real utterance with the voice's default noise (seeded), and its whole decode."""
+    g = torch.Generator().manual_seed(1)
+    z_p, durations = vits.infer_prior(torch.tensor(phoneme_ids["long"]), 0.667, 1.0, 0.8, g)
+    z = vits.flow_reverse(z_p)
+    return z_p, z, vits.decode(z)[0].numpy()
+
+
+@pytest.fixture(scope="module")
+def pieces(vits: Vits, latent) -> list[np.ndarray]:
+    return list(decode_chunks(vits, latent[1]))
+
+
+def seams_of(pieces: list[np.ndarray]) -> np.ndarray:
+    return np.cumsum([len(p) for p in pieces])[:-1]
+
+
+def near_seams(n: int, seams: np.ndarray, radius: int = 2) -> np.ndarray:
+    """Mask over the n-1 sample-to-sample differences touching seam +- radius samples."""
+    mask = np.zeros(n - 1, bool)
+    for s in seams:
+        mask[max(0, s - radius - 1) : s + radius] = True
+    return mask
+
+
+def test_chunked_matches_whole(vits: Vits, latent, pieces):
+    _, z, whole = latent
+    assert len(pieces) >= 4, "utterance too short to exercise several seams"
+    assert [len(p) // vits.hop_length for p in pieces[:4]] == [14, 28, 56, 112]
+    assert all(p.dtype == np.float32 and p.ndim == 1 for p in pieces)
+    audio = np.concatenate(pieces)
+    assert len(audio) == z.shape[2] * vits.hop_length
+    assert snr_db(whole, audio) > MIN_SNR_DB
+
+
+def test_no_clicks_at_seams(latent, pieces):
+    whole = latent[2]
+    audio = np.concatenate(pieces)
+    seams = seams_of(pieces)
+    jumps = np.abs(np.diff(audio))
+    mask = near_seams(len(audio), seams)
+    elsewhere = jumps[~mask].max()
+    for s in seams:
+        local = jumps[near_seams(len(audio), np.array([s]))].max()
+        assert local <= elsewhere, f"seam at sample {s}: jump {local:.4f} > {elsewhere:.4f}"
+    # Stricter: at each seam the waveform's steps are those of whole decoding, so the
+    # seam adds no discontinuity at all, however quiet the signal is there.
+    ref_jumps = np.diff(whole)
+    assert np.max(np.abs(np.diff(audio)[mask] - ref_jumps[mask])) < 1e-4
+
+
+def test_the_checks_catch_missing_context(vits: Vits, latent):
+    """Negative control: without context the same metrics fail."""
+    _, z, whole = latent
+    pieces = list(decode_chunks(vits, z, context_frames=0))
+    audio = np.concatenate(pieces)
+    assert len(audio) == len(whole)
+    assert snr_db(whole, audio) < 40
+    mask = near_seams(len(audio), seams_of(pieces))
+    assert np.max(np.abs(np.diff(audio)[mask] - np.diff(whole)[mask])) > 1e-3
+
+
+def test_first_piece_is_what_the_defaults_promise(vits: Vits, pieces):
+    first = pieces[0]
+    assert len(first) == chunked.FIRST_CHUNK_FRAMES * vits.hop_length
+    assert len(first) / vits.sample_rate >= 0.150  # fills a first network frame
+    assert len(first) / vits.sample_rate <= 0.200  # ...and is still small
+
+
+def test_stream_chunks_runs_the_flow_lazily_and_exactly(vits: Vits, latent):
+    z_p, z, whole = latent
+    pieces = list(stream_chunks(vits, z_p))
+    audio = np.concatenate(pieces)
+    assert len(audio) == z.shape[2] * vits.hop_length
+    assert len(pieces[0]) == chunked.FIRST_CHUNK_FRAMES * vits.hop_length
+    assert snr_db(whole, audio) > MIN_SNR_DB
+
+
+def test_stream_chunks_flow_context_matters(vits: Vits, latent):
+    z_p, _, whole = latent
+    audio = np.concatenate(list(stream_chunks(vits, z_p, flow_context_frames=0)))
+    assert snr_db(whole, audio) < 40
+
+
+@pytest.mark.parametrize("frames", [1, 13, 20, 43])
+def test_short_and_odd_lengths(vits: Vits, latent, frames):
+    _, z, _ = latent
+    part = z[:, :, :frames]
+    audio = np.concatenate(list(decode_chunks(vits, part)))
+    assert len(audio) == frames * vits.hop_length
+    assert snr_db(vits.decode(part)[0].numpy(), audio) > MIN_SNR_DB
+
+
+@pytest.mark.parametrize("n", [1, 7, 14, 15, 21, 22, 100, 629, 1000])
+def test_chunk_spans_tile_the_latent(n):
+    spans = chunk_spans(n, chunked.FIRST_CHUNK_FRAMES, chunked.CHUNK_FRAMES)
+    assert spans[0][0] == 0 and spans[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    sizes = [e - s for s, e in spans]
+    assert all(s >= 1 for s in sizes)
+    assert sizes[0] == min(n, chunked.FIRST_CHUNK_FRAMES) or len(spans) == 1
+    # Sizes never shrink (a merged tail may be larger), so decoding stays ahead of playback.
+    assert sizes[:-1] == sorted(sizes[:-1])
+    assert max(sizes) < 2 * chunked.CHUNK_FRAMES
+
+
+def test_rejects_bad_input(vits: Vits, latent):
+    _, z, _ = latent
+    with pytest.raises(ValueError):
+        next(decode_chunks(vits, z[0]))
+    with pytest.raises(ValueError):
+        next(decode_chunks(vits, z, chunk_frames=0))
