@@ -129,7 +129,9 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def index(request: Request) -> Response:
-        return RedirectResponse("/client/demo.html")
+        # Keep the query: the demo page reads ?token= (and ?url=) from it.
+        query = f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(f"/client/demo.html{query}")
 
     routes = [
         WebSocketRoute("/v1/stream", stream),

@@ -1,0 +1,142 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { Voxwire, VoxwireError } from '../voxwire.js';
+import { FakeSocket, s16 } from './fake-socket.js';
+
+const connect = (opts = {}) => new Voxwire('ws://x/v1/stream', { WebSocket: FakeSocket, ...opts });
+const started = (ctx, extra = {}) => ({ type: 'started', ctx, voice: 'joe', format: 'pcm_s16le', sample_rate: 22050, chunk_ms: 200, speed: 1, ...extra });
+const audio = (ctx, seq, offset, ...values) => ({ type: 'audio', ctx, seq, offset, samples: values.length, audio: s16(...values) });
+
+test('connects on first use, queues messages until open, exposes ready', async () => {
+  FakeSocket.last = null;
+  const vx = connect({ sampleRate: 44100, format: 'pcm_f32le' });
+  assert.equal(FakeSocket.last, null); // lazy: no socket until there is something to say
+  const u = vx.speak('Hello.', { voice: 'joe', chunkMs: 150 });
+  const ws = FakeSocket.last;
+  assert.equal(ws.url, 'ws://x/v1/stream');
+  assert.deepEqual(ws.sent, []); // not open yet
+  ws.open();
+  const ready = await vx.ready;
+  assert.equal(ready.engine, 'tone');
+  assert.deepEqual(vx.voices.map((v) => v.id), ['joe']);
+  assert.equal(vx.serverDefaults.sample_rate, 22050);
+  assert.deepEqual(ws.sent, [{
+    type: 'speak', ctx: u.ctx, text: 'Hello.', final: true,
+    sample_rate: 44100, format: 'pcm_f32le', voice: 'joe', chunk_ms: 150,
+  }]);
+});
+
+test('unknown settings are refused before anything is sent', () => {
+  const vx = connect();
+  assert.throws(() => vx.speak('x', { sampleRat: 16000 }), /unknown stream setting "sampleRat"/);
+});
+
+test('two utterances on one socket are demultiplexed by ctx and decoded', async () => {
+  const vx = connect();
+  const a = vx.speak('A.');
+  const b = vx.speak('B.');
+  const ws = FakeSocket.last;
+  ws.open();
+  const got = { [a.ctx]: [], [b.ctx]: [] };
+  for (const u of [a, b]) u.on('audio', (f) => got[u.ctx].push(...f.samples));
+  ws.json(started(a.ctx));
+  ws.json(started(b.ctx, { format: 'pcm_s16le', sample_rate: 16000 }));
+  ws.frame(audio(a.ctx, 0, 0, 32767, 0));
+  ws.frame(audio(b.ctx, 0, 0, -32767));
+  ws.frame(audio(a.ctx, 1, 2, 16384));
+  ws.json({ type: 'done', ctx: b.ctx, samples: 1, ttfa_ms: 5 });
+  ws.json({ type: 'done', ctx: a.ctx, samples: 3, ttfa_ms: 4 });
+  assert.equal((await a.finished).samples, 3);
+  assert.equal((await b.finished).samples, 1);
+  assert.deepEqual(got[a.ctx], [1, 0, 16384 / 32767].map(Math.fround));
+  assert.deepEqual(got[b.ctx], [-1]);
+  assert.equal(b.sampleRate, 16000);
+  assert.equal(a.samples, 3);
+  assert.equal(a.state, 'done');
+  assert.ok(a.ttfaMs >= 0);
+});
+
+test('streamed text: an open speak first, then pieces, a flush and the end', async () => {
+  const vx = connect();
+  const u = vx.stream({ voice: 'joe' });
+  const ws = FakeSocket.last;
+  ws.open();
+  u.write('Hel').write('lo.').flush().end(' Bye.');
+  assert.deepEqual(ws.sent.map((m) => [m.type, m.text, m.final]), [
+    ['speak', '', false], ['speak', 'Hel', false], ['speak', 'lo.', false], ['flush', undefined, undefined], ['speak', ' Bye.', true],
+  ]);
+  assert.equal(ws.sent[0].voice, 'joe');
+  assert.equal(ws.sent[1].voice, undefined); // settings only in the first speak
+  assert.throws(() => u.write('more'), /final/);
+});
+
+test('cancel stops audio events at once, even for frames already on their way', async () => {
+  const vx = connect();
+  const u = vx.speak('Long.');
+  const ws = FakeSocket.last;
+  ws.open();
+  ws.json(started(u.ctx));
+  let frames = 0;
+  const events = [];
+  u.on('audio', () => frames++).on('cancelled', () => events.push('cancelled')).on('cancel', () => events.push('cancel'));
+  ws.frame(audio(u.ctx, 0, 0, 1, 2));
+  u.cancel();
+  ws.frame(audio(u.ctx, 1, 2, 3, 4)); // in flight when the cancel left
+  ws.json({ type: 'cancelled', ctx: u.ctx, samples_sent: 4, frames: 2 });
+  assert.equal(frames, 1);
+  assert.deepEqual(ws.sent.at(-1), { type: 'cancel', ctx: u.ctx });
+  assert.deepEqual(events, ['cancelled', 'cancel']);
+  assert.equal((await u.finished).type, 'cancelled');
+  assert.equal(u.state, 'cancelled');
+});
+
+test('a terminal error rejects `finished` with its stable code; a non-terminal one does not end it', async () => {
+  const vx = connect();
+  const u = vx.speak('x', { voice: 'nobody' });
+  const s = vx.stream();
+  const ws = FakeSocket.last;
+  ws.open();
+  const seen = [];
+  s.on('error', (e) => seen.push([e.code, e.terminal]));
+  ws.json({ type: 'error', code: 'unknown_voice', message: "unknown voice 'nobody'", ctx: u.ctx, terminal: true });
+  ws.json(started(s.ctx));
+  ws.json({ type: 'error', code: 'text_too_long', message: 'too long', ctx: s.ctx, terminal: false });
+  await assert.rejects(u.finished, (e) => e instanceof VoxwireError && e.code === 'unknown_voice' && /nobody/.test(e.message));
+  assert.equal(u.state, 'error');
+  assert.deepEqual(seen, [['text_too_long', false]]);
+  assert.equal(s.state, 'streaming');
+});
+
+test('errors without a ctx go to the client; a closed socket fails live utterances, and the next one reconnects', async () => {
+  const vx = connect();
+  const u = vx.speak('x');
+  const ws = FakeSocket.last;
+  ws.open();
+  const errors = [];
+  vx.on('error', (e) => errors.push(e.code));
+  ws.json({ type: 'error', code: 'invalid_json', message: 'bad' });
+  assert.deepEqual(errors, ['invalid_json']);
+  ws.close(1001, 'going away');
+  await assert.rejects(u.finished, (e) => e.code === 'closed' && e.closeCode === 1001);
+  vx.speak('again');
+  assert.notEqual(FakeSocket.last, ws);
+});
+
+test('a connection refused before ready is reported as connect_failed', async () => {
+  const vx = connect();
+  const u = vx.speak('x');
+  const ready = vx.ready;
+  FakeSocket.last.close(1013, 'at capacity');
+  await assert.rejects(ready, (e) => e.code === 'connect_failed' && e.closeCode === 1013);
+  await assert.rejects(u.finished, (e) => e.code === 'connect_failed');
+});
+
+test('an API key is offered as a subprotocol beside voxwire.v1, and a refusal says so', async () => {
+  const vx = connect({ token: 'k3y' });
+  const u = vx.speak('x');
+  assert.deepEqual(FakeSocket.last.protocols, ['voxwire.v1', 'voxwire.token.k3y']);
+  FakeSocket.last.close(1008, 'invalid API key');
+  await assert.rejects(u.finished, (e) => e.code === 'connect_failed' && e.closeCode === 1008 && /invalid API key/.test(e.message));
+  connect().speak('x');
+  assert.equal(FakeSocket.last.protocols, undefined); // no key: no subprotocol at all
+});

@@ -1,0 +1,309 @@
+// The WebSocket client for Voxwire protocol v1 (docs/protocol.md). One Voxwire is one
+// socket, opened on first use; every utterance on it has its own `ctx`, and the messages
+// the server sends are routed to the utterance they name, so several can stream at once.
+
+import { Emitter } from './emitter.js';
+import { decode } from './msgpack.js';
+import { toFloat32 } from './pcm.js';
+
+const now = () => globalThis.performance?.now() ?? Date.now();
+
+// Stream settings, as callers may spell them (camelCase or the wire's snake_case).
+const SETTINGS = {
+  voice: 'voice', format: 'format', speed: 'speed',
+  sampleRate: 'sample_rate', sample_rate: 'sample_rate', chunkMs: 'chunk_ms', chunk_ms: 'chunk_ms',
+};
+
+const SUBPROTOCOL = 'voxwire.v1';
+const TOKEN_PREFIX = 'voxwire.token.';
+
+export const MIN_SAMPLE_RATE = 8000;
+export const MAX_SAMPLE_RATE = 48000;
+
+/** A server `error`, or a client-side failure ("closed", "connect_failed"), with a stable `code`. */
+export class VoxwireError extends Error {
+  constructor(code, message, extra = {}) {
+    super(`${code}: ${message}`);
+    this.name = 'VoxwireError';
+    this.code = code;
+    this.detail = message;
+    Object.assign(this, extra); // ctx, terminal, retry_after_ms, closeCode, reason
+  }
+}
+
+/** ws(s)://<this page's host>/v1/stream, when there is a page. */
+export function defaultUrl() {
+  const loc = globalThis.location;
+  if (!loc?.host) throw new Error('no page location to derive the server URL from: pass one');
+  return `${loc.protocol === 'https:' ? 'wss' : 'ws'}://${loc.host}/v1/stream`;
+}
+
+function wireSettings(settings = {}) {
+  const out = {};
+  for (const [key, value] of Object.entries(settings)) {
+    if (value === undefined) continue;
+    if (!(key in SETTINGS)) throw new TypeError(`unknown stream setting "${key}" (known: ${Object.keys(SETTINGS).join(', ')})`);
+    out[SETTINGS[key]] = value;
+  }
+  return out;
+}
+
+export class Voxwire extends Emitter {
+  /**
+   * @param {string} [url] the server's /v1/stream URL; default: this page's host.
+   * @param {object} [opts] default stream settings for every utterance (voice, format,
+   *   sampleRate, chunkMs, speed); `token`, an API key for a server that wants one; and
+   *   `WebSocket` (an implementation, outside browsers).
+   */
+  constructor(url = defaultUrl(), opts = {}) {
+    super();
+    const { WebSocket: Impl = globalThis.WebSocket, token, ...settings } = opts;
+    this.url = url;
+    // Browsers cannot set headers on a WebSocket: the key rides as a subprotocol beside
+    // voxwire.v1 (docs/protocol.md, Authentication); the server answers only voxwire.v1.
+    this._protocols = token ? [SUBPROTOCOL, `${TOKEN_PREFIX}${token}`] : undefined;
+    this.defaults = wireSettings(settings); // sent in each utterance's first speak
+    this.info = null; // the server's `ready` message
+    this.voices = [];
+    this.serverDefaults = null;
+    this._Impl = Impl;
+    this._ws = null;
+    this._ready = null;
+    this._outbox = [];
+    this._live = new Map(); // ctx -> Utterance
+    this._next = 0;
+  }
+
+  /** Open the socket if it is not open; resolves with the server's `ready` message. */
+  connect() {
+    if (this._ready) return this._ready;
+    const ws = this._protocols ? new this._Impl(this.url, this._protocols) : new this._Impl(this.url);
+    ws.binaryType = 'arraybuffer';
+    this._ws = ws;
+    this._ready = new Promise((resolve, reject) => {
+      this._resolveReady = resolve;
+      ws.onopen = () => {
+        for (const m of this._outbox.splice(0)) ws.send(m);
+      };
+      ws.onmessage = (e) => this._receive(e.data);
+      ws.onerror = () => {}; // browsers give no detail here; onclose says what happened
+      ws.onclose = (e) => {
+        const opened = this.info !== null;
+        const err = new VoxwireError(opened ? 'closed' : 'connect_failed',
+          `the connection to ${this.url} closed (${e.code}${e.reason ? `: ${e.reason}` : ''})`,
+          { closeCode: e.code, reason: e.reason });
+        if (!opened) reject(err);
+        this._closed(err);
+      };
+    });
+    this._ready.catch(() => {}); // a failed connect is reported to the utterances waiting on it
+    return this._ready;
+  }
+
+  /** The `ready` message, connecting first if needed. */
+  get ready() { return this.connect(); }
+
+  /** Speak `text` as one utterance. */
+  speak(text, settings = {}) {
+    const u = this._open(settings);
+    u._send({ type: 'speak', ctx: u.ctx, text: String(text), final: true, ...u._settings });
+    u._complete = true;
+    return u;
+  }
+
+  /** An utterance whose text comes in pieces: u.write(piece)…, u.flush(), u.end(). */
+  stream(settings = {}) {
+    const u = this._open(settings);
+    // An empty first speak opens the utterance now, so `started` (and any settings
+    // error) comes back before the first word is even written.
+    u._send({ type: 'speak', ctx: u.ctx, text: '', final: false, ...u._settings });
+    return u;
+  }
+
+  /** Close the socket; live utterances end with a "closed" error. */
+  close(code = 1000) {
+    this._ws?.close(code);
+  }
+
+  _open(settings) {
+    const u = new Utterance(this, `js-${++this._next}`, { ...this.defaults, ...wireSettings(settings) });
+    this._live.set(u.ctx, u);
+    this.connect();
+    return u;
+  }
+
+  _send(message) {
+    const data = JSON.stringify(message);
+    this.connect();
+    if (this._ws.readyState === 1) this._ws.send(data);
+    else this._outbox.push(data);
+  }
+
+  _receive(data) {
+    let m;
+    try {
+      m = typeof data === 'string' ? JSON.parse(data) : decode(new Uint8Array(data));
+    } catch (e) {
+      this.emit('error', new VoxwireError('invalid_message', `undecodable message from the server: ${e.message}`));
+      return;
+    }
+    if (m.type === 'ready') {
+      this.info = m;
+      this.voices = m.voices ?? [];
+      this.serverDefaults = m.defaults ?? null;
+      this._resolveReady(m);
+      this.emit('ready', m);
+      return;
+    }
+    const u = m.ctx !== undefined ? this._live.get(m.ctx) : undefined;
+    if (u) u._receive(m);
+    else if (m.type === 'error') this.emit('error', new VoxwireError(m.code, m.message, m));
+    // Anything else for an unknown ctx is late news for a cancelled utterance: dropped.
+  }
+
+  _forget(u) {
+    if (this._live.get(u.ctx) === u) this._live.delete(u.ctx);
+  }
+
+  _closed(err) {
+    this._ws = null;
+    this._ready = null; // the next utterance reconnects
+    this.info = null;
+    this._outbox = [];
+    for (const u of [...this._live.values()]) u._fail(err);
+    this.emit('close', err);
+  }
+}
+
+/**
+ * One utterance. Events: 'started' (its settings), 'audio' ({samples: Float32Array,
+ * sampleRate, seq, offset, receivedAt}), 'flushed', 'done' (the server's figures),
+ * 'cancelled', 'error' (a VoxwireError; `terminal` says whether the utterance ended), and
+ * 'cancel' (cancel() was called: for players).
+ */
+export class Utterance extends Emitter {
+  constructor(client, ctx, settings) {
+    super();
+    this.client = client;
+    this.ctx = ctx;
+    this.state = 'pending'; // then 'streaming', and at last 'done', 'cancelled' or 'error'
+    this.started = null; // the `started` message: format and sample_rate decode the audio
+    this.figures = null; // the `done` message
+    this.error = null;
+    this.chunks = 0;
+    this.samples = 0; // samples received, at the stream's rate
+    this.times = { created: now(), started: null, firstAudio: null, end: null };
+    this._settings = settings;
+    this._complete = false;
+    this.finished = new Promise((resolve, reject) => { this._resolve = resolve; this._reject = reject; });
+    this.finished.catch(() => {}); // rejection is for those who await it, not a global warning
+  }
+
+  get format() { return this.started?.format; }
+  get sampleRate() { return this.started?.sample_rate; }
+  get active() { return this.state === 'pending' || this.state === 'streaming'; }
+  /** Milliseconds from speak()/stream() to the first audio frame, once there is one. */
+  get ttfaMs() { return this.times.firstAudio === null ? null : this.times.firstAudio - this.times.created; }
+
+  /** Send more text (streamed utterances). */
+  write(text) {
+    this._text(String(text), false);
+    return this;
+  }
+
+  /** Speak what has been written without waiting for a sentence end. */
+  flush() {
+    if (this.active) this._send({ type: 'flush', ctx: this.ctx });
+    return this;
+  }
+
+  /** The last piece of text (optional): the utterance completes once it is spoken. */
+  end(text = '') {
+    this._text(String(text), true);
+    return this;
+  }
+
+  /**
+   * Barge-in: stop now. No 'audio' event follows, even for frames already on their way.
+   * A 'cancel' event is emitted even when the server had already finished, so that a
+   * player still playing this utterance drops the rest of it.
+   */
+  cancel() {
+    if (this.active) {
+      this._send({ type: 'cancel', ctx: this.ctx });
+      this.client._forget(this); // late frames and the server's `cancelled` are dropped
+      const m = { type: 'cancelled', ctx: this.ctx, samples_received: this.samples };
+      this._settle('cancelled', m);
+      this.emit('cancelled', m);
+    }
+    this.emit('cancel', this);
+  }
+
+  _text(text, final) {
+    if (this._complete) throw new Error(`utterance ${this.ctx} already has its final text`);
+    if (!this.active) return; // cancelled or failed: there is nobody to send it to
+    this._complete = final;
+    this._send({ type: 'speak', ctx: this.ctx, text, final });
+  }
+
+  _send(message) { this.client._send(message); }
+
+  _receive(m) {
+    switch (m.type) {
+      case 'started':
+        this.started = m;
+        this.state = 'streaming';
+        this.times.started = now();
+        this.emit('started', m);
+        break;
+      case 'audio': {
+        if (!this.started) return; // the server always sends `started` first
+        const t = now();
+        if (this.times.firstAudio === null) this.times.firstAudio = t;
+        const samples = toFloat32(m.audio, this.started.format);
+        this.chunks++;
+        this.samples += samples.length;
+        this.emit('audio', { samples, sampleRate: this.started.sample_rate, seq: m.seq, offset: m.offset, receivedAt: t });
+        break;
+      }
+      case 'flushed':
+        this.emit('flushed', m);
+        break;
+      case 'done':
+        this.figures = m;
+        this.client._forget(this);
+        this._settle('done', m);
+        this.emit('done', m);
+        break;
+      case 'cancelled': // cancelled by someone else's call on this ctx; ours settled already
+        this.client._forget(this);
+        this._settle('cancelled', m);
+        this.emit('cancelled', m);
+        break;
+      case 'error': {
+        const err = new VoxwireError(m.code, m.message, m);
+        if (m.terminal) this._fail(err);
+        else this.emit('error', err);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  _fail(err) {
+    if (!this.active) return;
+    this.error = err;
+    this.client._forget(this);
+    this._settle('error', null, err);
+    this.emit('error', err);
+  }
+
+  _settle(state, value, err) {
+    if (!this.active) return;
+    this.state = state;
+    this.times.end = now();
+    if (err) this._reject(err);
+    else this._resolve(value);
+  }
+}
