@@ -54,6 +54,8 @@ class SoakResult:
     unexpected: list[str] = field(default_factory=list)
     baseline: Readings | None = None
     peak_rss_mb: float = 0.0
+    rss_timeline: list[tuple[float, float]] = field(default_factory=list)
+    """(seconds into the soak, RSS MB), every few seconds: a leak climbs, a cache levels off."""
     final: Readings | None = None
     leaks: list[str] = field(default_factory=list)
 
@@ -123,8 +125,13 @@ async def soak(
     end = time.monotonic() + duration
 
     async def sample_rss() -> None:
+        start, last = time.monotonic(), -5.0
         while time.monotonic() < end:
-            result.peak_rss_mb = max(result.peak_rss_mb, rss_mb(pid))
+            now, rss = time.monotonic() - start, rss_mb(pid)
+            result.peak_rss_mb = max(result.peak_rss_mb, rss)
+            if now - last >= 5.0:
+                result.rss_timeline.append((round(now, 1), round(rss, 1)))
+                last = now
             await asyncio.sleep(0.5)
 
     await asyncio.gather(

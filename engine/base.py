@@ -37,6 +37,23 @@ class Voice:
 class SynthesisParams:
     voice: str
     speed: float = 1.0
+    timestamps: bool = False
+    """Ask for WordTimings (engines that have alignments; it may cost a little time)."""
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    word: str
+    start: int
+    """First sample, counted from the start of the segment being synthesised."""
+    end: int
+
+
+@dataclass(frozen=True)
+class WordTimings:
+    """Yielded by an engine that knows its alignment, before the audio the words are in."""
+
+    words: tuple[WordTiming, ...]
 
 
 class EngineError(Exception):
@@ -63,8 +80,9 @@ class Engine(ABC):
         return any(v.id == voice_id for v in self.voices())
 
     @abstractmethod
-    def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray]:
-        """Yield float32 mono pieces at ``sample_rate`` for one segment of text.
+    def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray | WordTimings]:
+        """Yield float32 mono pieces at ``sample_rate`` for one segment of text, and, where
+        the engine has alignments, ``WordTimings`` ahead of the audio they describe.
 
         Raise ``EngineError`` for failures the client can act on; any other exception is
         reported as an internal engine error for that utterance alone.
@@ -82,7 +100,7 @@ class Engine(ABC):
         """Run one small synthesis so the first real request pays no start-up cost."""
         voices = self.voices()
         if voices:
-            for _ in self.synthesize("Warm up.", SynthesisParams(voice=voices[0].id)):
+            for _ in self.synthesize("Warm up, please.", SynthesisParams(voice=voices[0].id)):
                 pass
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.base import WordTimings
+
 
 @dataclass(frozen=True)
 class Flushed:
@@ -32,7 +34,7 @@ class Failed:
     message: str
 
 
-Item = np.ndarray | Flushed | Finished | Failed
+Item = np.ndarray | WordTimings | Flushed | Finished | Failed
 
 
 class AudioQueue:

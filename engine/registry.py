@@ -13,15 +13,28 @@ ENGINES = ("piper", "cosyvoice2")
 
 @dataclass(frozen=True)
 class EngineOptions:
-    name: str = "piper"
-    device: str = "cpu"
-    piper_backend: str = "torch"
-    piper_voices: tuple[Path, ...] = ()
-    """Extra Piper voice files; the embedded joe voice is used when none are given."""
-    model_dir: Path = Path("pretrained_models/CosyVoice2-0.5B")
-    voices_dir: Path | None = None
+    name: str = field(default="piper", metadata={"help": "engine", "flag": "engine", "choices": ENGINES})
+    device: str = field(default="cpu", metadata={"help": "torch device: cpu, cuda, cuda:1"})
+    piper_backend: str = field(
+        default="torch",
+        metadata={
+            "help": "Piper runtime: torch streams within a sentence, onnx synthesises sentence by sentence",
+            "choices": ("torch", "onnx"),
+        },
+    )
+    piper_voices: tuple[Path, ...] = field(
+        default=(),
+        metadata={"help": "a Piper voice file (MODEL.onnx, with MODEL.onnx.json beside it); default: joe",
+                  "flag": "piper-voice"},
+    )
+    model_dir: Path = field(
+        default=Path("pretrained_models/CosyVoice2-0.5B"), metadata={"help": "CosyVoice2 model directory"}
+    )
+    voices_dir: Path | None = field(
+        default=None, metadata={"help": "where registered (cloned) voices are stored; default: none kept"}
+    )
     extra: dict[str, object] = field(default_factory=dict)
-    """Engine-specific keyword arguments (tests set CosyVoice2's ``cpu_threads``)."""
+    """Engine-specific keyword arguments (tests set CosyVoice2's ``cpu_threads``); not a setting."""
 
 
 def engine_factory(options: EngineOptions) -> Callable[[], Engine]:

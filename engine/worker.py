@@ -16,13 +16,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
 
 from engine import scheduler
-from engine.base import Engine, EngineError, SynthesisParams
+from engine.base import Engine, EngineError, SynthesisParams, WordTimings
 from engine.queue import AudioQueue, Failed, Finished, Flushed
 from engine.text.segment import Segmenter, SegmenterLimits
 
@@ -58,7 +58,8 @@ class Utterance:
         self._todo: deque[str | Flushed] = deque()
         self._complete = False
         self._cancelled = False
-        self._current: Iterator[np.ndarray] | None = None
+        self._current: Iterator[np.ndarray | WordTimings] | None = None
+        self._segment_start = 0
 
     # -- called by the session, on the event loop ---------------------------------------
 
@@ -309,6 +310,7 @@ class Worker:
                 u.queue.put(item)
                 return
             u.segments += 1
+            u._segment_start = u.produced_samples
         else:
             item = None
         start = time.perf_counter()
@@ -337,6 +339,11 @@ class Worker:
             self.stats.busy_seconds += elapsed
         if u.outcome is not None:  # abandoned while this step ran: its audio goes nowhere
             self._end(u, "failed", None)
+            return
+        if isinstance(piece, WordTimings):
+            # Segment-relative from the engine; the listener's timeline is the utterance's.
+            shift = u._segment_start
+            u.queue.put(WordTimings(tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in piece.words)))
             return
         piece = np.asarray(piece, dtype=np.float32).reshape(-1)
         if piece.size:

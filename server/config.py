@@ -1,20 +1,32 @@
-"""The server's configuration: one object, handed to the app at creation."""
+"""The server's configuration: one object, handed to the app at creation.
+
+server/settings.py fills it from a TOML file, VOXWIRE_* environment variables and
+command-line flags; each field's ``help`` is its documentation in ``voxwire serve --help``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.registry import EngineOptions
 from server.limits import Limits
 
 
+def setting(default: Any, help: str, **metadata: Any) -> Any:
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass(frozen=True)
 class AuthConfig:
-    api_keys: tuple[str, ...] = ()
-    """Empty: no key is asked for. Bind to loopback (the default) when it is empty."""
-    allowed_origins: tuple[str, ...] = ()
-    """Browser origins allowed to open the socket (e.g. https://app.example.com); empty:
-    any. Requests without an Origin header are not from a browser and are not checked."""
+    api_keys: tuple[str, ...] = setting(
+        (), "keys clients must present (Bearer, ?token= or subprotocol); none: no key is asked for",
+        flag="api-key", env="VOXWIRE_API_KEYS",
+    )
+    allowed_origins: tuple[str, ...] = setting(
+        (), "browser origins allowed to connect (e.g. https://app.example.com); none: any",
+        flag="allow-origin", env="VOXWIRE_ALLOWED_ORIGINS",
+    )
 
     @property
     def required(self) -> bool:
@@ -23,16 +35,23 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    host: str = setting("127.0.0.1", "address to listen on; with no API key, keep it on loopback")
+    port: int = setting(8000, "port to listen on")
+    workers: int = setting(1, "server processes, each with its own engine (for many-core CPUs)")
+    log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting(
+        "auto", "logs: json lines, or text for people; auto picks text in a terminal", choices=("auto", "json", "text")
+    )
+    log_text: bool = setting(False, "include utterance text in the logs (redacted by default)")
     engine: EngineOptions = field(default_factory=EngineOptions)
     limits: Limits = field(default_factory=Limits)
     auth: AuthConfig = field(default_factory=AuthConfig)
-    default_voice: str | None = None
-    default_format: str = "pcm_s16le"
-    default_sample_rate: int | None = None
-    """None: the engine's own rate, so nothing is resampled unless a client asks."""
-    default_chunk_ms: int = 200
-    step_timeout: float = 30.0
-    """An engine step running longer than this is hung: the worker is replaced."""
-    drain_seconds: float = 10.0
-    """On SIGTERM, how long in-flight utterances may take to finish before their
-    sockets are closed with 1001."""
+    default_voice: str | None = setting(None, "default voice (default: the engine's first)", flag="voice")
+    default_format: str = setting(
+        "pcm_s16le", "default output format", flag="format", choices=("pcm_s16le", "pcm_f32le", "mulaw")
+    )
+    default_sample_rate: int | None = setting(None, "default output rate (default: the engine's own)", flag="sample-rate")
+    default_chunk_ms: int = setting(200, "default chunk duration, 150-250 ms", flag="chunk-ms")
+    cache_mb: float = setting(64.0, "result cache size in MB (repeated requests stream from it); 0 turns it off")
+    step_timeout: float = setting(30.0, "seconds before a hung engine step is abandoned and the worker replaced")
+    drain_seconds: float = setting(10.0, "on SIGTERM, seconds in-flight utterances get before sockets close (1001)")

@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def _limit(default: float, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_message_bytes: int = 256 * 1024
-    max_text_chars: int = 20_000
-    """Text per utterance, summed over its streamed pieces."""
-    max_utterances_per_socket: int = 8
-    max_utterances_total: int = 64
-    max_connections: int = 256
-    max_queue_seconds: float = 5.0
-    """Audio computed ahead of a slow reader before the worker skips that utterance."""
-    max_session_chars: int = 1_000_000
-    """Text per connection over its whole life."""
-    messages_per_second: float = 100.0
-    message_burst: int = 200
-    idle_timeout_seconds: float = 300.0
-    """A connection with no message and nothing playing for this long is closed."""
+    max_message_bytes: int = _limit(256 * 1024, "largest client message; larger ones close with 1009")
+    max_text_chars: int = _limit(20_000, "text per utterance, summed over its streamed pieces")
+    max_utterances_per_socket: int = _limit(8, "utterances active at once on one connection")
+    max_utterances_total: int = _limit(64, "utterances active at once server-wide; beyond: overloaded, 1013")
+    max_connections: int = _limit(256, "open connections; beyond: close 1013")
+    max_queue_seconds: float = _limit(5.0, "audio computed ahead of a slow reader before its utterance is skipped")
+    max_session_chars: int = _limit(1_000_000, "text per connection over its whole life")
+    messages_per_second: float = _limit(100.0, "client messages per second per connection (token bucket rate)")
+    message_burst: int = _limit(200, "token bucket size: a burst of messages allowed at once")
+    idle_timeout_seconds: float = _limit(300.0, "close a connection with no message and nothing playing after this")
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -39,6 +39,7 @@ class StreamSettings:
     sample_rate: int = 24000
     chunk_ms: int = 200
     speed: float = 1.0
+    timestamps: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -168,6 +169,10 @@ def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
         if type(speed) not in (int, float) or not math.isfinite(speed) or not MIN_SPEED <= speed <= MAX_SPEED:
             raise ProtocolError("invalid_speed", f"\"speed\" must be a number from {MIN_SPEED} to {MAX_SPEED}")
         out["speed"] = float(speed)
+    if "timestamps" in obj:
+        if not isinstance(obj["timestamps"], bool):
+            raise ProtocolError("invalid_field", "\"timestamps\" must be true or false")
+        out["timestamps"] = obj["timestamps"]
     return out
 
 

@@ -53,6 +53,6 @@ def serve(app: Starlette, host: str, port: int, log_level: str = "info") -> None
     limits = service.config.limits
     config = uvicorn.Config(
         app, host=host, port=port, ws_max_size=limits.max_message_bytes, log_level=log_level, lifespan="on",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=5, log_config=None,  # our handler and format (server/logs.py)
     )
     DrainingServer(config, service, service.config.drain_seconds).run()

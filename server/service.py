@@ -14,6 +14,7 @@ from engine.supervisor import Supervisor
 from engine.worker import Worker
 from server.config import ServerConfig
 from server.limits import Admission
+from server.cache import ResultCache
 from server.metrics import Metrics
 from server.protocol import StreamSettings
 
@@ -38,6 +39,7 @@ class Service:
         self.draining = False
         self.sessions: dict[Session, CloseSocket] = {}
         self.metrics = Metrics(self)
+        self.cache = ResultCache(int(config.cache_mb * 1024 * 1024))
 
     @property
     def worker(self) -> Worker:

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.base import EngineError, SynthesisParams
-from engine.queue import Failed, Finished, Flushed
+from engine.base import EngineError, SynthesisParams, WordTiming, WordTimings
+from engine.queue import AudioQueue, Failed, Finished, Flushed
+from engine.text import normalize
 from engine.worker import Utterance
 from server import protocol
 from server.audio import OutputStream, encode
+from server.cache import CacheKey, Entry
+from server.logs import log_utterance
 from server.limits import TokenBucket
 from server.protocol import Cancel, Config, Flush, ProtocolError, Speak, StreamSettings
 
@@ -44,14 +48,30 @@ class _Live:
 
     ctx: str
     settings: StreamSettings
-    utterance: Utterance
+    utterance: Utterance | None
+    """The worker's side of it; None when it is replayed from the result cache."""
+    queue: AudioQueue
     received_at: float
-    text_chars: int = 0
+    text: list[str] = field(default_factory=list)
     samples_sent: int = 0
     frames: int = 0
     first_frame_at: float | None = None
     steps_at_first_frame: int | None = None
+    cache_key: CacheKey | None = None
+    produced: list[np.ndarray] | None = None
+    """Engine-rate audio kept for the result cache, until it would be too big to keep."""
+    produced_bytes: int = 0
+    cached_segments: int = 0
+    words: deque[WordTiming] = field(default_factory=deque)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def text_chars(self) -> int:
+        return sum(map(len, self.text))
+
+    @property
+    def complete(self) -> bool:
+        return self.utterance is None or self.utterance.complete
 
 
 class Session:
@@ -71,6 +91,7 @@ class Session:
         self._closed = False
         self._bucket = TokenBucket(self.limits.messages_per_second, self.limits.message_burst)
         self._session_chars = 0
+        self.id = secrets.token_hex(6)
 
     # -- messages -------------------------------------------------------------------------
 
@@ -79,6 +100,7 @@ class Session:
         return protocol.event(
             "ready",
             protocol=protocol.PROTOCOL_VERSION,
+            session=self.id,
             engine=engine.name,
             sample_rate=engine.sample_rate,
             voices=[v.to_dict() for v in engine.voices()],
@@ -103,7 +125,11 @@ class Session:
             elif isinstance(message, Speak):
                 await self._speak(message)
             elif isinstance(message, Flush):
-                self._get(message.ctx).utterance.flush()
+                live = self._get(message.ctx)
+                if live.utterance is not None:
+                    live.utterance.flush()
+                else:  # a cache replay: all its audio is already on its way
+                    live.queue.put(Flushed())
             elif isinstance(message, Cancel):
                 await self._cancel(message.ctx)
         except ProtocolError as e:
@@ -121,14 +147,14 @@ class Session:
         ctx = message.ctx
         live = self._live.get(ctx) if ctx is not None else None
         if live is not None:
-            if live.utterance.complete:
+            if live.complete or live.utterance is None:
                 raise ProtocolError("ctx_finished", f"utterance {ctx!r} already received its final text", ctx)
             if message.settings:
                 raise ProtocolError(
                     "invalid_field", "voice and format can only be set in the first speak of an utterance", ctx
                 )
             self._check_text(live, message.text)
-            live.text_chars += len(message.text)
+            live.text.append(message.text)
             self._session_chars += len(message.text)
             live.utterance.feed(message.text, message.final)
             return
@@ -152,19 +178,36 @@ class Session:
             raise ProtocolError(
                 "overloaded", "the server is at capacity; try again shortly", ctx, retry_after_ms=RETRY_AFTER_MS
             )
-        try:
-            utterance = self.service.worker.submit(
-                SynthesisParams(voice=settings.voice, speed=settings.speed), asyncio.get_running_loop()
-            )
-        except EngineError as e:
-            self.admission.end_utterance()
-            raise ProtocolError(e.code, e.message, ctx) from None
-        live = _Live(ctx, settings, utterance, received_at=time.monotonic(), text_chars=len(message.text))
+        received = time.monotonic()
+        cache = self.service.cache
+        key = cache.key(self.service.worker.loaded_engine().name, settings.voice, settings.speed, message.text)
+        # Only a one-shot utterance can be looked up: streamed text is not known yet.
+        hit = cache.get(key) if cache.enabled and message.final else None
+        if hit is not None:
+            rate = self.service.worker.sample_rate
+            queue = AudioQueue(asyncio.get_running_loop(), hit.audio.size + rate)
+            queue.put(hit.audio)
+            queue.put(Finished())
+            live = _Live(ctx, settings, None, queue, received_at=received, text=[message.text], cache_key=key,
+                         cached_segments=hit.segments)
+        else:
+            try:
+                utterance = self.service.worker.submit(
+                    SynthesisParams(voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps),
+                    asyncio.get_running_loop(),
+                )
+            except EngineError as e:
+                self.admission.end_utterance()
+                raise ProtocolError(e.code, e.message, ctx) from None
+            live = _Live(ctx, settings, utterance, utterance.queue, received_at=received, text=[message.text])
+            if cache.enabled:
+                live.produced, live.cache_key = [], key
         self._session_chars += len(message.text)
         self._live[ctx] = live
         await self._send(protocol.event("started", ctx=ctx, **settings.to_dict()))
         live.task = asyncio.create_task(self._stream(live), name=f"utterance-{ctx}")
-        utterance.feed(message.text, message.final)
+        if live.utterance is not None:
+            live.utterance.feed(message.text, message.final)
 
     async def _cancel(self, ctx: str) -> None:
         live = self._live.get(ctx)
@@ -173,7 +216,7 @@ class Session:
                 return  # it finished while the cancel was on its way: nothing to stop
             raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
         await self._stop(live)
-        self._record("cancelled")
+        self._record(live, "cancelled")
         await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=live.samples_sent, frames=live.frames))
 
     def _get(self, ctx: str) -> _Live:
@@ -209,24 +252,33 @@ class Session:
 
     async def _stream(self, live: _Live) -> None:
         s = live.settings
-        out = OutputStream(live.utterance.sample_rate, s.sample_rate, s.chunk_ms)
-        u = live.utterance
+        rate = self.service.worker.sample_rate
+        out = OutputStream(rate, s.sample_rate, s.chunk_ms)
         try:
             while True:
-                item = await u.queue.get()
+                item = await live.queue.get()
                 if isinstance(item, np.ndarray):
+                    self._keep(live, item)
                     await self._send_frames(live, out.push(item))
+                elif isinstance(item, WordTimings):
+                    if s.timestamps:
+                        scale = s.sample_rate / rate  # engine samples -> the stream's own timeline
+                        live.words.extend(
+                            WordTiming(w.word, round(w.start * scale), round(w.end * scale)) for w in item.words
+                        )
                 elif isinstance(item, Flushed):
                     await self._send_frames(live, out.flush())
                     await self._send(protocol.event("flushed", ctx=live.ctx))
                 elif isinstance(item, Finished):
                     await self._send_frames(live, out.finish())
+                    await self._send_words(live, None)
                     figures = self._figures(live)
                     await self._send(protocol.event("done", ctx=live.ctx, **figures))
-                    self._record("done", figures)
+                    self._store(live)
+                    self._record(live, "done", figures)
                     return
                 elif isinstance(item, Failed):
-                    self._record(item.code)
+                    self._record(live, item.code)
                     await self._send(protocol.error(item.code, item.message, live.ctx, terminal=True))
                     return
         except asyncio.CancelledError:
@@ -234,19 +286,54 @@ class Session:
         except Exception:
             # A send that fails means the socket is gone; the session's close cleans up.
             log.debug("utterance %s stopped: socket closed", live.ctx, exc_info=True)
-            self._record("disconnected")
+            self._record(live, "disconnected")
         finally:
             self._release(live)
 
+    def _keep(self, live: _Live, piece: np.ndarray) -> None:
+        if live.produced is None:
+            return
+        live.produced.append(piece)
+        live.produced_bytes += piece.nbytes
+        if live.produced_bytes > self.service.cache.max_entry_bytes:
+            live.produced = None  # too long to cache: stop holding it
+
+    def _store(self, live: _Live) -> None:
+        if live.produced and live.cache_key is not None and live.utterance is not None:
+            # Streamed text is keyed by what it added up to, for one-shot repeats of it.
+            key = replace(live.cache_key, text=normalize("".join(live.text)))
+            self.service.cache.put(key, Entry(np.concatenate(live.produced), live.utterance.segments))
+
+    async def _send_words(self, live: _Live, before: int | None) -> None:
+        """A ``timestamps`` event for the words that start before sample ``before`` (all
+        of them when None), sent just ahead of the frame they start in."""
+        words = []
+        while live.words and (before is None or live.words[0].start < before):
+            words.append(live.words.popleft())
+        if words:
+            rate = live.settings.sample_rate
+            await self._send(
+                protocol.event(
+                    "timestamps",
+                    ctx=live.ctx,
+                    words=[
+                        {"word": w.word, "start_ms": round(w.start * 1000 / rate, 1),
+                         "end_ms": round(w.end * 1000 / rate, 1)}
+                        for w in words
+                    ],
+                )
+            )
+
     async def _send_frames(self, live: _Live, frames: list[np.ndarray]) -> None:
         for frame in frames:
+            await self._send_words(live, live.samples_sent + frame.size)
             data = protocol.audio_frame(
                 live.ctx, live.frames, live.samples_sent, frame.size, encode(frame, live.settings.format)
             )
             await self._send(data)
             if live.first_frame_at is None:
                 live.first_frame_at = time.monotonic()
-                live.steps_at_first_frame = live.utterance.steps
+                live.steps_at_first_frame = live.utterance.steps if live.utterance else 0
             live.frames += 1
             live.samples_sent += frame.size
             # A send into a socket with room does not suspend; yield anyway, so a cancel
@@ -255,32 +342,37 @@ class Session:
 
     def _figures(self, live: _Live) -> dict[str, object]:
         u = live.utterance
+        compute = u.compute_seconds if u else 0.0
         audio_s = live.samples_sent / live.settings.sample_rate
         ttfa = None if live.first_frame_at is None else round((live.first_frame_at - live.received_at) * 1000, 1)
         return {
             "ttfa_ms": ttfa,
             "audio_ms": round(audio_s * 1000, 1),
-            "compute_ms": round(u.compute_seconds * 1000, 1),
-            "rtf": round(u.compute_seconds / audio_s, 4) if audio_s else None,
+            "compute_ms": round(compute * 1000, 1),
+            "rtf": round(compute / audio_s, 4) if audio_s else None,
             "chunks": live.frames,
             "samples": live.samples_sent,
-            "segments": u.segments,
-            "engine_steps": u.steps,
+            "segments": u.segments if u else live.cached_segments,
+            "engine_steps": u.steps if u else 0,
             "engine_steps_at_first_chunk": live.steps_at_first_frame,
+            "cached": u is None,
         }
 
-    def _record(self, outcome: str, figures: dict[str, object] | None = None) -> None:
+    def _record(self, live: _Live, outcome: str, figures: dict[str, object] | None = None) -> None:
         m = self.service.metrics
         m.utterances.labels(outcome).inc()
         if figures is not None:
             if isinstance(figures["ttfa_ms"], float):
                 m.ttfa.observe(figures["ttfa_ms"] / 1000)
-            if isinstance(figures["rtf"], float):
+            if isinstance(figures["rtf"], float) and live.utterance is not None:
                 m.rtf.observe(figures["rtf"])
+        fields = {"session": self.id, "ctx": live.ctx, "outcome": outcome, "voice": live.settings.voice,
+                  **(figures or {"samples": live.samples_sent, "chunks": live.frames})}
+        log_utterance(fields, "".join(live.text), self.service.config.log_text)
 
     def _release(self, live: _Live) -> None:
         # However the stream ended (a failed send included), the worker must stop too.
-        if live.utterance.outcome is None:
+        if live.utterance is not None and live.utterance.outcome is None:
             live.utterance.cancel()
         if self._live.get(live.ctx) is live:
             del self._live[live.ctx]
@@ -288,12 +380,13 @@ class Session:
             self.admission.end_utterance()
 
     async def _stop(self, live: _Live) -> None:
-        live.utterance.cancel()
+        if live.utterance is not None:
+            live.utterance.cancel()
         if live.task is not None and not live.task.done():
             live.task.cancel()
             # wait() rather than await: a cancel of this coroutine itself must propagate.
             await asyncio.wait({live.task})
-        live.utterance.queue.clear()
+        live.queue.clear()
         self._release(live)
 
     # -- transport ---------------------------------------------------------------------------

@@ -81,4 +81,6 @@ async def register_voice(request: Request, service: Service) -> Response:
         voice = await asyncio.wrap_future(worker.call(lambda e: e.register_voice(audio, rate, transcript, name)))
     except EngineError as e:
         return error(e.code, e.message)
+    # Whatever was cached under this id was made from what it was before.
+    service.cache.invalidate_voice(voice.id)
     return JSONResponse({**voice.to_dict(), "cached": voice.id in existed}, status_code=200 if voice.id in existed else 201)

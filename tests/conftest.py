@@ -81,7 +81,8 @@ def run_server(config: ServerConfig, engine: Callable[[], Engine] | None = None)
 @pytest.fixture(scope="session")
 def piper_server() -> Iterator[RunningServer]:
     """The real embedded engine (Piper, joe voice) behind a real server."""
-    with run_server(ServerConfig(engine=EngineOptions(name="piper"))) as s:
+    # No result cache here: these tests are about the engine path; tests/server/test_cache.py has its own.
+    with run_server(ServerConfig(engine=EngineOptions(name="piper"), cache_mb=0)) as s:
         yield s
 
 
@@ -91,7 +92,7 @@ def tone_server() -> Iterator[RunningServer]:
     from tests.fixtures.engines import ToneEngine
 
     limits = Limits(max_utterances_per_socket=3, max_utterances_total=6, max_text_chars=2000, max_message_bytes=16384)
-    with run_server(ServerConfig(limits=limits), engine=lambda: ToneEngine(step_delay=0.01)) as s:
+    with run_server(ServerConfig(limits=limits, cache_mb=0), engine=lambda: ToneEngine(step_delay=0.01)) as s:
         yield s
 
 
@@ -105,5 +106,5 @@ def cosyvoice_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
         name="cosyvoice2", model_dir=model_dir, voices_dir=tmp_path_factory.mktemp("cv2_voices"),
         extra={"cpu_threads": 1, "seed": 0},
     )
-    with run_server(ServerConfig(engine=options)) as s:
+    with run_server(ServerConfig(engine=options, cache_mb=0)) as s:
         yield s

@@ -57,13 +57,24 @@ def chunk_spans(n_frames: int, first_chunk_frames: int, chunk_frames: int) -> li
     return spans
 
 
+# Window lengths are rounded up to a multiple of this. oneDNN compiles and caches kernels
+# per input shape: with every utterance bringing new lengths, a server would pay that
+# set-up again and again and its cache (and RSS) would keep growing.
+SHAPE_BUCKET = 16
+
+
 def _window(start: int, end: int, context: int, n_frames: int, min_size: int) -> tuple[int, int]:
     """Context-padded window, clipped at the ends. A window shorter than ``min_size``
-    (the last one) is widened to the left instead: extra context is harmless, and a
+    (the last one) is widened to the left instead, and every window is widened (right
+    first, then left) to a multiple of SHAPE_BUCKET: extra context is harmless, and a
     repeated input length lets oneDNN reuse its compiled kernels."""
     lo, hi = max(0, start - context), min(n_frames, end + context)
     if hi - lo < min_size:
         lo = max(0, hi - min_size)
+    short = -(hi - lo) % SHAPE_BUCKET
+    grow = min(short, n_frames - hi)
+    hi += grow
+    lo = max(0, lo - (short - grow))
     return lo, hi
 
 
@@ -117,12 +128,23 @@ def stream_chunks(
     first_chunk_frames: int = FIRST_CHUNK_FRAMES,
     flow_context_frames: int = FLOW_CONTEXT_FRAMES,
     flow_block_frames: int = FLOW_BLOCK_FRAMES,
+    pad_to: int = 1,
 ) -> Iterator[np.ndarray]:
     """Like ``decode_chunks`` but from the prior sample z_p (``Vits.infer_prior``): the
     flow runs lazily, just ahead of the decoder, so the first piece costs the same for a
-    3-word and a 40-word sentence (apart from the text encoder)."""
+    3-word and a 40-word sentence (apart from the text encoder).
+
+    ``pad_to`` pads the latent to a multiple of that many frames, so that short
+    sentences too reuse a few input shapes (see SHAPE_BUCKET)."""
     _check(z_p, chunk_frames, context_frames)
+    real = z_p.shape[2]
+    if pad_to > 1 and real % pad_to:
+        # Masked, the flow treats the padding as VITS treats padding in a batch: exactly.
+        # The decoder has no mask: it sees silence there, which touches the last ~10
+        # frames (its receptive field) of the sentence's trailing silence, slightly.
+        z_p = torch.nn.functional.pad(z_p, (0, pad_to - real % pad_to))
     n = z_p.shape[2]
+    mask = (torch.arange(n, device=z_p.device) < real).to(z_p.dtype)[None, None, None, :]
     z = torch.empty_like(z_p)
     done = 0  # frames of z computed so far
 
@@ -136,12 +158,18 @@ def stream_chunks(
             else:
                 end = max(hi, done + flow_block_frames)
                 end = n if n - end < flow_block_frames // 2 else min(n, end)
-            # No widening to a fixed size here (unlike the decoder): the flow's per-shape
-            # kernel setup is cheap, its extra frames are not.
             f_lo, f_hi = _window(done, end, flow_context_frames, n, 0)
-            block = model.flow_reverse(z_p[:, :, f_lo:f_hi])
+            block = model.flow_reverse(z_p[:, :, f_lo:f_hi], mask[..., f_lo:f_hi])
             z[:, :, done:end] = block[:, :, done - f_lo : end - f_lo]
             done = end
         return z[:, :, lo:hi]
 
-    yield from _decode_spans(model, n, latent, chunk_frames, context_frames, first_chunk_frames)
+    pieces = _decode_spans(model, n, latent, chunk_frames, context_frames, first_chunk_frames)
+    if n == real:
+        yield from pieces
+        return
+    left = real * model.hop_length  # the padding's audio is cut off the end
+    for piece in pieces:
+        if left > 0:
+            yield piece[:left]
+        left -= piece.shape[0]

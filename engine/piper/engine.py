@@ -18,7 +18,8 @@ from typing import Literal
 
 import numpy as np
 
-from engine.base import Engine, EngineError, SynthesisParams, Voice
+from engine.base import Engine, EngineError, SynthesisParams, Voice, WordTimings
+from engine.piper.alignment import Aligner, word_spans
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ _CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog, and everyone c
 _TARGET_PEAK = 0.6
 _MAX_GAIN = 4.0
 MAX_FRAME_SECONDS = 0.25
+# Phoneme ids are padded (and masked) to a multiple of this: a few dozen input shapes
+# instead of one per sentence length keeps oneDNN's per-shape kernels and memory bounded.
+PHONEME_BUCKET = 32
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,14 @@ class _LoadedVoice:
     def phoneme_ids(self, text: str) -> list[list[int]]:
         return [self.piper.phonemes_to_ids(p) for p in self.piper.phonemize(text) if p]
 
-    def audio(self, ids: list[int], speed: float, noise: bool = True) -> Iterator[np.ndarray]:
+    def ids_per_phoneme(self, phoneme: str) -> int:
+        return len(self.config.phoneme_id_map.get(phoneme, ()))
+
+    def audio(
+        self, ids: list[int], speed: float, noise: bool = True, timings: list[np.ndarray] | None = None
+    ) -> Iterator[np.ndarray]:
+        """The audio for one sentence's ids. ``timings``, when given, receives the frames
+        per id before the first piece is yielded (the torch backend alone knows them)."""
         cfg = self.config
         length_scale = cfg.length_scale / speed
         noise_scale = cfg.noise_scale if noise else 0.0
@@ -108,17 +119,19 @@ class _LoadedVoice:
             return
         import torch
 
-        from engine.piper.chunked import stream_chunks
+        from engine.piper.chunked import SHAPE_BUCKET, stream_chunks
 
         vits = self.vits
         with torch.inference_mode():
             phonemes = torch.tensor([ids], dtype=torch.long, device=vits.device)
-            z_p, _ = vits.infer_prior(phonemes, noise_scale, length_scale, noise_w)
+            z_p, durations = vits.infer_prior(phonemes, noise_scale, length_scale, noise_w, bucket=PHONEME_BUCKET)
+        if timings is not None:
+            timings.append(durations.cpu().numpy())
         # The flow and the decoder then run chunk by chunk: the first audio is decoded
         # before the rest of the sentence. A first piece of at least the longest frame
         # (250 ms) lets the server send its first frame straight after it.
         first = math.ceil(MAX_FRAME_SECONDS * self.config.sample_rate / vits.hop_length)
-        yield from stream_chunks(vits, z_p, first_chunk_frames=first)
+        yield from stream_chunks(vits, z_p, first_chunk_frames=first, pad_to=SHAPE_BUCKET)
 
 
 class PiperEngine(Engine):
@@ -172,6 +185,16 @@ class PiperEngine(Engine):
         if voice is None:
             raise EngineError("unknown_voice", f"no voice {params.voice!r}")
         # Phonemizing is cheap next to synthesis; it runs at the first step.
-        for ids in voice.phoneme_ids(text):
-            for piece in voice.audio(ids, params.speed):
+        sentences = [p for p in voice.piper.phonemize(text) if p]
+        aligner = None
+        if params.timestamps and voice.vits is not None:
+            words = word_spans(text, voice.piper.phonemize)
+            aligner = Aligner(words, voice.ids_per_phoneme, voice.config.hop_length)
+        offset = 0
+        for phonemes in sentences:
+            durations: list[np.ndarray] = []
+            for piece in voice.audio(voice.piper.phonemes_to_ids(phonemes), params.speed, timings=durations):
+                if aligner is not None and durations:
+                    yield WordTimings(tuple(aligner.sentence(phonemes, durations.pop(), offset)))
+                offset += piece.size
                 yield np.clip(piece * voice.gain, -1.0, 1.0).astype(np.float32, copy=False)

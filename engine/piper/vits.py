@@ -584,16 +584,24 @@ class Vits(nn.Module):
         length_scale: float,
         noise_w: float,
         generator: torch.Generator | None = None,
+        bucket: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Everything before the flow: z_p [1, C, F] and durations [T] (frames).
 
         The flow is the expensive, length-proportional part of ``infer_latent``;
-        streaming callers run it chunk-wise on z_p instead (chunked.stream_chunks)."""
+        streaming callers run it chunk-wise on z_p instead (chunked.stream_chunks).
+
+        ``bucket`` pads the ids to a multiple of it, masked out: oneDNN builds and caches
+        kernels per input shape, so a server that sees every sentence length would pay
+        that set-up on each new length and keep a cache entry for each."""
         if not length_scale > 0:
             raise ValueError(f"length_scale must be > 0, got {length_scale}")
         ids = self._ids(phoneme_ids)
+        real = ids.shape[1]
+        if bucket > 1 and real % bucket:
+            ids = torch.nn.functional.pad(ids, (0, bucket - real % bucket))
         b, t = ids.shape
-        x_mask = sequence_mask(torch.full((b,), t, device=self.device), t)
+        x_mask = sequence_mask(torch.full((b,), real, device=self.device), t)
         x, m_p, logs_p = self.enc_p(ids, x_mask)
 
         noise = to_cl(self._randn((b, 2, t), generator)) * noise_w
@@ -615,12 +623,14 @@ class Vits(nn.Module):
         if noise_scale:
             eps = to_cl(self._randn((b, m.shape[1], n_frames), generator))
             z_p = m + eps * torch.exp(logs) * noise_scale
-        return (z_p * y_mask).squeeze(2), durations[0]
+        return (z_p * y_mask).squeeze(2), durations[0, :real]
 
     @torch.inference_mode()
-    def flow_reverse(self, z_p: torch.Tensor) -> torch.Tensor:
-        """Prior sample -> decoder latent, [1, C, F] -> [1, C, F]."""
-        mask = z_p.new_ones(z_p.shape[0], 1, 1, z_p.shape[2])
+    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Prior sample -> decoder latent, [1, C, F] -> [1, C, F]; ``mask`` [1, 1, 1, F]
+        marks real frames (padding is zero and has no effect on them)."""
+        if mask is None:
+            mask = z_p.new_ones(z_p.shape[0], 1, 1, z_p.shape[2])
         return self.flow.reverse(to_cl(z_p), mask).squeeze(2)
 
     @torch.inference_mode()

@@ -231,3 +231,13 @@ def test_configure_cpu_threads():
         assert 1 <= configure_cpu_threads() <= 4
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bucket", [8, 32, 64])
+def test_padding_to_a_bucket_changes_nothing(vits: Vits, phoneme_ids, bucket):
+    for ids in phoneme_ids.values():
+        whole, d_whole = vits.infer_prior(torch.tensor([ids]), 0.0, 1.0, 0.0)
+        padded, d_padded = vits.infer_prior(torch.tensor([ids]), 0.0, 1.0, 0.0, bucket=bucket)
+        assert torch.equal(d_whole, d_padded)
+        assert whole.shape == padded.shape
+        assert torch.max(torch.abs(whole - padded)) < 1e-5
