@@ -119,6 +119,8 @@ class Worker:
         warmup: bool = True,
     ) -> None:
         self.stats = WorkerStats()
+        self.on_step: Callable[[float], None] | None = None
+        """Called on this thread with each engine step's duration (a metrics hook)."""
         self.max_queue_seconds = max_queue_seconds
         self.segmenter_limits = segmenter_limits
         self.ready = threading.Event()
@@ -337,6 +339,8 @@ class Worker:
             u.steps += 1
             self.stats.steps += 1
             self.stats.busy_seconds += elapsed
+            if self.on_step is not None:
+                self.on_step(elapsed)
         if u.outcome is not None:  # abandoned while this step ran: its audio goes nowhere
             self._end(u, "failed", None)
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engine.worker import Worker
-from server import auth, voices
+from server import auth, openai_speech, voices
 from server.config import ServerConfig
 from server.service import Service
 from server.session import Session
@@ -105,7 +106,7 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
             status = "draining" if service.draining else "not ready"
             return JSONResponse({"status": status}, status_code=503)
         engine = service.worker.loaded_engine()
-        return JSONResponse({"status": "ready", "engine": engine.name, "device": engine.device})
+        return JSONResponse({"status": "ready", "engine": engine.name, "device": engine.device, "pid": os.getpid()})
 
     def refused(request: Request) -> Response | None:
         if not _authorised(service, request, []):
@@ -125,6 +126,11 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
             return await voices.register_voice(request, service)
         return voices.list_voices(service)
 
+    async def audio_speech(request: Request) -> Response:
+        if not _authorised(service, request, []):
+            return openai_speech.openai_error(401, "a valid API key is required", "unauthorized")
+        return await openai_speech.speech(request, service)
+
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -138,6 +144,7 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/v1/voices", voices_route, methods=["GET", "POST"]),
+        Route("/v1/audio/speech", audio_speech, methods=["POST"]),
         Route("/metrics", metrics),
     ]
     if (JS_CLIENT_DIR / "demo.html").is_file():

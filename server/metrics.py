@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from server.service import Service
 
 TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
+STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 
@@ -45,6 +46,8 @@ class _StateCollector(Collector):
             "Seconds the current worker spent in engine steps (rate() of it is utilisation)",
             worker.stats.busy_seconds,
         )
+        yield GaugeMetricFamily("voxwire_cache_bytes", "Audio held by the result cache", s.cache.bytes)
+        yield CounterMetricFamily("voxwire_cache_hits", "Requests served from the result cache", s.cache.hits)
         yield GaugeMetricFamily("voxwire_threads", "Threads in the server process", threading.active_count())
         if self.loop is not None:
             tasks = len(asyncio.all_tasks(self.loop))
@@ -53,7 +56,8 @@ class _StateCollector(Collector):
 
 class Metrics:
     def __init__(self, service: Service) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        # No auto-describe: the state collector reads the service, which is still being built.
+        self.registry = CollectorRegistry(auto_describe=False)
         self._state = _StateCollector(service)
         self.registry.register(self._state)
         self.utterances = Counter(
@@ -66,6 +70,10 @@ class Metrics:
         self.rtf = Histogram(
             "voxwire_rtf", "Engine compute time over audio duration, per utterance", buckets=RTF_BUCKETS,
             registry=self.registry,
+        )
+        self.step_seconds = Histogram(
+            "voxwire_engine_step_seconds", "Duration of one engine step (one piece of audio computed)",
+            buckets=STEP_BUCKETS, registry=self.registry,
         )
         from prometheus_client import ProcessCollector
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from types import FrameType
 
 import uvicorn
@@ -48,11 +49,13 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(app: Starlette, host: str, port: int, log_level: str = "info") -> None:
+def serve(
+    app: Starlette, host: str, port: int, log_level: str = "info", sockets: list[socket.socket] | None = None
+) -> None:
     service: Service = app.state.service
     limits = service.config.limits
     config = uvicorn.Config(
         app, host=host, port=port, ws_max_size=limits.max_message_bytes, log_level=log_level, lifespan="on",
         timeout_graceful_shutdown=5, log_config=None,  # our handler and format (server/logs.py)
     )
-    DrainingServer(config, service, service.config.drain_seconds).run()
+    DrainingServer(config, service, service.config.drain_seconds).run(sockets=sockets)

@@ -31,15 +31,19 @@ class Service:
         self.config = config
         self.admission = Admission(config.limits)
         factory = engine_factory(config.engine)
-        self.supervisor = Supervisor(
-            make_worker or (lambda: Worker(factory, max_queue_seconds=config.limits.max_queue_seconds)),
-            step_timeout=config.step_timeout,
-        )
+        base = make_worker or (lambda: Worker(factory, max_queue_seconds=config.limits.max_queue_seconds))
+        self.metrics = Metrics(self)
+        self.cache = ResultCache(int(config.cache_mb * 1024 * 1024))
+
+        def make() -> Worker:
+            worker = base()
+            worker.on_step = self.metrics.step_seconds.observe
+            return worker
+
+        self.supervisor = Supervisor(make, step_timeout=config.step_timeout)
         self.defaults: StreamSettings | None = None
         self.draining = False
         self.sessions: dict[Session, CloseSocket] = {}
-        self.metrics = Metrics(self)
-        self.cache = ResultCache(int(config.cache_mb * 1024 * 1024))
 
     @property
     def worker(self) -> Worker:

@@ -12,6 +12,7 @@ const now = () => globalThis.performance?.now() ?? Date.now();
 const SETTINGS = {
   voice: 'voice', format: 'format', speed: 'speed',
   sampleRate: 'sample_rate', sample_rate: 'sample_rate', chunkMs: 'chunk_ms', chunk_ms: 'chunk_ms',
+  timestamps: 'timestamps',
 };
 
 const SUBPROTOCOL = 'voxwire.v1';
@@ -192,6 +193,7 @@ export class Utterance extends Emitter {
     this.error = null;
     this.chunks = 0;
     this.samples = 0; // samples received, at the stream's rate
+    this.words = []; // {word, start_ms, end_ms} from `timestamps` events, when asked for
     this.times = { created: now(), started: null, firstAudio: null, end: null };
     this._settings = settings;
     this._complete = false;
@@ -268,6 +270,10 @@ export class Utterance extends Emitter {
       }
       case 'flushed':
         this.emit('flushed', m);
+        break;
+      case 'timestamps': // with {timestamps: true}: words and their times in this stream
+        this.words.push(...m.words);
+        this.emit('timestamps', m.words);
         break;
       case 'done':
         this.figures = m;

@@ -380,3 +380,21 @@ def test_a_streamed_http_body_is_not_buffered(tmp_path):
                 rest = sum(len(c) for c in chunks)
     assert stalled_at < TOTAL_CHUNKS, "nginx read the whole streamed body ahead of a client that was not reading"
     assert rest == TOTAL_CHUNKS * CHUNK and produced[0] == TOTAL_CHUNKS
+
+
+def test_openai_speech_streams_through_nginx(nginx):
+    import io
+
+    import numpy as np
+    import openai
+    import soundfile
+
+    sdk = openai.OpenAI(base_url=nginx.http + "/v1", api_key="unused", max_retries=0)
+    with sdk.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="joe", input="Streaming speech through nginx, chunk by chunk.", response_format="wav"
+    ) as response:
+        assert response.headers.get("server", "").startswith("nginx")
+        chunks = list(response.iter_bytes())
+    assert len(chunks) > 3
+    audio, rate = soundfile.read(io.BytesIO(b"".join(chunks)), dtype="float32")
+    assert rate == 24000 and audio.size > rate and np.sqrt(np.mean(audio**2)) > 0.01

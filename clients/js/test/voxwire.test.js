@@ -140,3 +140,21 @@ test('an API key is offered as a subprotocol beside voxwire.v1, and a refusal sa
   connect().speak('x');
   assert.equal(FakeSocket.last.protocols, undefined); // no key: no subprotocol at all
 });
+
+test('timestamps: asked for with a setting, collected on the utterance and emitted', async () => {
+  const vx = connect();
+  const u = vx.speak('Hello there.', { timestamps: true });
+  const ws = FakeSocket.last;
+  ws.open();
+  assert.equal(ws.sent.find((m) => m.type === 'speak').timestamps, true);
+  const seen = [];
+  u.on('timestamps', (words) => seen.push(...words));
+  ws.json(started(u.ctx));
+  ws.json({ type: 'timestamps', ctx: u.ctx, words: [{ word: 'Hello', start_ms: 20, end_ms: 310 }] });
+  ws.frame(audio(u.ctx, 0, 0, 1));
+  ws.json({ type: 'timestamps', ctx: u.ctx, words: [{ word: 'there', start_ms: 330, end_ms: 600 }] });
+  ws.json({ type: 'done', ctx: u.ctx, samples: 1, ttfa_ms: 3 });
+  await u.finished;
+  assert.deepEqual(u.words.map((w) => w.word), ['Hello', 'there']);
+  assert.deepEqual(seen, u.words);
+});

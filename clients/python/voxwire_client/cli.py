@@ -24,13 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("--sample-rate", type=int, help="output sample rate, 8000-48000")
     say.add_argument("--chunk-ms", type=int, help="chunk duration, 150-250 ms")
     say.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0")
+    say.add_argument("--timestamps", action="store_true", help="print when each word is spoken")
     args = parser.parse_args(argv)
     text = sys.stdin.read() if args.text == "-" else args.text
     settings: dict[str, Any] = {
         k: v
         for k, v in {
             "voice": args.voice, "format": args.format, "sample_rate": args.sample_rate,
-            "chunk_ms": args.chunk_ms, "speed": args.speed,
+            "chunk_ms": args.chunk_ms, "speed": args.speed, "timestamps": args.timestamps or None,
         }.items()
         if v is not None
     }
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     ttfa = f"{result.ttfa_ms:.0f} ms" if result.ttfa_ms is not None else "n/a"
     print(f"wrote {args.output}: {result.duration:.2f} s, {result.format} at {result.sample_rate} Hz, {result.chunks} chunks")
     print(f"time to first audio: {ttfa} (client), {d.get('ttfa_ms')} ms (server)")
+    for w in result.words:
+        print(f"{w['start_ms']:8.0f} {w['end_ms']:8.0f}  {w['word']}")
     print(f"server: audio {d.get('audio_ms')} ms, compute {d.get('compute_ms')} ms, rtf {d.get('rtf')}, segments {d.get('segments')}")
     return 0
 

@@ -83,6 +83,8 @@ class Utterance:
         self.ctx = ctx
         self.started: Event | None = None
         self.sent_at: float | None = None
+        self.words: list[dict[str, Any]] = []
+        """``{word, start_ms, end_ms}`` from ``timestamps`` events (``timestamps=True``)."""
         self._inbox: asyncio.Queue[Audio | Event | BaseException] = asyncio.Queue()
         self._ended = False
 
@@ -110,6 +112,8 @@ class Utterance:
             if isinstance(item, Event):
                 if item.type == "started":
                     self.started = item
+                elif item.type == "timestamps":
+                    self.words.extend(item["words"])
                 if item.type in _TERMINAL:
                     self._ended = True
                     self.client._utterances.pop(self.ctx, None)

@@ -23,6 +23,8 @@ class Result:
     chunks: int
     done: dict[str, Any]
     """The server's own figures for the utterance."""
+    words: list[dict[str, Any]]
+    """Word timings, when asked for with ``timestamps=True``."""
 
     @property
     def audio(self) -> np.ndarray:
@@ -46,6 +48,7 @@ async def synthesize_async(text: str, url: str = DEFAULT_URL, **settings: Any) -
             ttfa_ms=ttfa,
             chunks=len(frames),
             done=done.data,
+            words=u.words,
         )
 
 
