@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 
-import numpy as np
+from collections.abc import AsyncIterator
+from typing import Any
+
 import orjson
 import pytest
 import websockets
@@ -114,63 +117,57 @@ async def _wait_listening(url: str, proc: subprocess.Popen[str]) -> None:
     raise AssertionError("server did not start")
 
 
-async def test_sigterm_finishes_in_flight_then_closes_1001():
+@contextlib.asynccontextmanager
+async def _speaking_then_sigterm(drain_seconds: str, ctx: str, text: str) -> AsyncIterator[tuple[Any, str]]:
+    """A server process, a socket speaking ``text`` as ``ctx``, and SIGTERM once its first
+    audio frame has arrived; the server must then exit by itself."""
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/stream"
-    proc = _serve(port, "--drain-seconds", "20")
+    proc = _serve(port, "--drain-seconds", drain_seconds)
     try:
         await _wait_listening(url, proc)
         async with websockets.connect(url) as ws:
             await ws.recv()
-            text = "This sentence is spoken while the server stops. " * 3
-            await ws.send(orjson.dumps({"type": "speak", "ctx": "a", "text": text}).decode())
+            await ws.send(orjson.dumps({"type": "speak", "ctx": ctx, "text": text}).decode())
             while not isinstance(await ws.recv(), bytes):
                 pass
             os.kill(proc.pid, signal.SIGTERM)
-            frames, events = 1, []
-            with pytest.raises(websockets.ConnectionClosed) as closed:
-                while True:
-                    m = await asyncio.wait_for(ws.recv(), 30)
-                    if isinstance(m, bytes):
-                        frames += 1
-                    else:
-                        events.append(orjson.loads(m)["type"])
-                        if events[-1] == "done":
-                            # Draining: a new connection is turned away.
-                            async with websockets.connect(url) as late:
-                                with pytest.raises(websockets.ConnectionClosed) as refused:
-                                    await late.recv()
-                                assert refused.value.rcvd.code == 1001
-            assert events == ["done"] and frames > 10  # "started" came before the first frame
-            assert closed.value.rcvd.code == 1001
+            yield ws, url
         assert proc.wait(30) in (0, -signal.SIGTERM)
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_sigterm_finishes_in_flight_then_closes_1001():
+    text = "This sentence is spoken while the server stops. " * 3
+    async with _speaking_then_sigterm("20", "a", text) as (ws, url):
+        frames, events = 1, []
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                m = await asyncio.wait_for(ws.recv(), 30)
+                if isinstance(m, bytes):
+                    frames += 1
+                else:
+                    events.append(orjson.loads(m)["type"])
+                    if events[-1] == "done":
+                        # Draining: a new connection is turned away.
+                        async with websockets.connect(url) as late:
+                            with pytest.raises(websockets.ConnectionClosed) as refused:
+                                await late.recv()
+                            assert refused.value.rcvd.code == 1001
+        assert events == ["done"] and frames > 10  # "started" came before the first frame
+        assert closed.value.rcvd.code == 1001
 
 
 async def test_sigterm_past_the_deadline_tells_the_client_and_closes_1001():
-    port = free_port()
-    url = f"ws://127.0.0.1:{port}/v1/stream"
-    proc = _serve(port, "--drain-seconds", "0.5")
-    try:
-        await _wait_listening(url, proc)
-        async with websockets.connect(url) as ws:
-            await ws.recv()
-            text = "A very long answer that will not finish in half a second. " * 40
-            await ws.send(orjson.dumps({"type": "speak", "ctx": "long", "text": text}).decode())
-            while not isinstance(await ws.recv(), bytes):
-                pass
-            os.kill(proc.pid, signal.SIGTERM)
-            last = None
-            with pytest.raises(websockets.ConnectionClosed) as closed:
-                while True:
-                    m = await asyncio.wait_for(ws.recv(), 30)
-                    if isinstance(m, str):
-                        last = orjson.loads(m)
-            assert last is not None and (last["code"], last["ctx"], last["terminal"]) == ("shutting_down", "long", True)
-            assert closed.value.rcvd.code == 1001
-        assert proc.wait(30) in (0, -signal.SIGTERM)
-    finally:
-        proc.kill()
-        proc.wait()
+    text = "A very long answer that will not finish in half a second. " * 40
+    async with _speaking_then_sigterm("0.5", "long", text) as (ws, _):
+        last = None
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                m = await asyncio.wait_for(ws.recv(), 30)
+                if isinstance(m, str):
+                    last = orjson.loads(m)
+        assert last is not None and (last["code"], last["ctx"], last["terminal"]) == ("shutting_down", "long", True)
+        assert closed.value.rcvd.code == 1001
