@@ -53,7 +53,9 @@ class Plan:
 
 
 def _engine_options(args: argparse.Namespace) -> list[str]:
-    return ["--engine", "piper", "--piper-backend", args.piper_backend, "--device", args.device]
+    # No result cache: the same texts come back again and again here, and the figures are
+    # about computing speech, not replaying it.
+    return ["--engine", "piper", "--piper-backend", args.piper_backend, "--device", args.device, "--cache-mb", "0"]
 
 
 def measure_floor(args: argparse.Namespace, texts: list[str]) -> list[floor.FloorResult]:
@@ -77,6 +79,7 @@ def sweep_row(n: int, results: list[loadgen.UtteranceResult], per_client: int) -
         "requests": n * per_client,
         "utterances": len(results),
         "errors": len(results) - len(ok),
+        "cached": sum(1 for r in ok if r.server.get("cached")),
         "ttfa_ms": ttfa,
         "sound_ms": percentiles([r.sound_ms for r in ok]),
         "max_gap_ms": percentiles([r.max_gap_ms for r in ok]),
@@ -100,6 +103,7 @@ async def measure_server(url: str, http: str, pid: int | None, plan: Plan) -> di
         "server_ttfa_ms": summary([r.server.get("ttfa_ms") for r in single]),
         "client_rtf": summary([r.rtf for r in single]),
         "errors": sum(1 for r in single if r.error),
+        "cached": sum(1 for r in single if r.server.get("cached")),
     }
     rows = []
     for words in corpus.FIRST_SENTENCE_WORDS:

@@ -19,7 +19,8 @@ def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_gb']} GB, {m['device']}, Python {m['python']}, "
         f"torch {m.get('torch', 'n/a')}, commit {m.get('commit')}  ",
         f"Engine: {r['config']['engine']} ({r['config']['piper_backend']} backend), "
-        f"server: {r['config']['url'] or 'started by the bench on 127.0.0.1'}",
+        f"server: {r['config']['url'] or 'started by the bench on 127.0.0.1, result cache off'}; "
+        f"utterances served from a result cache: {r['single']['cached'] + sum(row['cached'] for row in r['sweep'])}",
         "",
         "| headline | value |",
         "|---|---|",
@@ -114,7 +115,7 @@ def plots(r: dict[str, Any], out: Path) -> list[Path]:
     for p, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
         a.plot(levels, [row["ttfa_ms"][p] for row in r["sweep"]], style, label=p)
     a.axhline(r["config"]["ttfa_target_ms"], color="grey", lw=0.8)
-    a.set(xscale="log", xlabel="concurrent streams", ylabel="TTFA (ms)", title="Time to first audio")
+    a.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="TTFA (ms)", title="Time to first audio")
     a.set_xticks(levels, [str(x) for x in levels])
     a.legend()
     b.bar([str(x) for x in levels], [row["utterances_with_underrun"] for row in r["sweep"]])
