@@ -46,22 +46,34 @@ def encode(x: np.ndarray, fmt: str) -> bytes:
 
 
 class Rechunker:
-    """Cuts a stream of arbitrary pieces into frames of exactly ``size`` samples."""
+    """Cuts a stream of arbitrary pieces into frames of exactly ``size`` samples, but for
+    the first, which leaves as soon as ``first_min`` samples are there (up to ``size``):
+    waiting for a full frame would hold back the first audio for nothing."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, first_min: int | None = None) -> None:
         self.size = size
+        self.first_min = size if first_min is None else min(first_min, size)
         self._parts: list[np.ndarray] = []
         self._buffered = 0
+        self._started = False
 
     def push(self, x: np.ndarray) -> list[np.ndarray]:
         if x.size:
             self._parts.append(x)
             self._buffered += x.size
+        frames: list[np.ndarray] = []
+        if not self._started:
+            if self._buffered < self.first_min:
+                return []
+            buf = np.concatenate(self._parts)
+            first = min(buf.size, self.size)
+            frames.append(buf[:first])
+            self._parts, self._buffered, self._started = [buf[first:]], buf.size - first, True
         if self._buffered < self.size:
-            return []
+            return frames
         buf = np.concatenate(self._parts)
         n = (buf.size // self.size) * self.size
-        frames = [buf[i : i + self.size] for i in range(0, n, self.size)]
+        frames += [buf[i : i + self.size] for i in range(0, n, self.size)]
         rest = buf[n:]
         self._parts = [rest] if rest.size else []
         self._buffered = rest.size
@@ -72,7 +84,7 @@ class Rechunker:
         if not self._buffered:
             return []
         frame = np.concatenate(self._parts)
-        self._parts, self._buffered = [], 0
+        self._parts, self._buffered, self._started = [], 0, True
         return [frame]
 
 
@@ -87,7 +99,7 @@ class OutputStream:
             if in_rate != out_rate
             else None
         )
-        self._chunks = Rechunker(out_rate * chunk_ms // 1000)
+        self._chunks = Rechunker(out_rate * chunk_ms // 1000, out_rate * MIN_CHUNK_MS // 1000)
 
     def push(self, x: np.ndarray) -> list[np.ndarray]:
         if self._resampler is not None:

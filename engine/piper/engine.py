@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,6 @@ BACKENDS: tuple[Backend, ...] = ("torch", "onnx")
 _CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog, and everyone cheers loudly!"
 _TARGET_PEAK = 0.6
 _MAX_GAIN = 4.0
-MAX_FRAME_SECONDS = 0.25
 # Phoneme ids are padded (and masked) to a multiple of this: a few dozen input shapes
 # instead of one per sentence length keeps oneDNN's per-shape kernels and memory bounded.
 PHONEME_BUCKET = 32
@@ -128,10 +126,9 @@ class _LoadedVoice:
         if timings is not None:
             timings.append(durations.cpu().numpy())
         # The flow and the decoder then run chunk by chunk: the first audio is decoded
-        # before the rest of the sentence. A first piece of at least the longest frame
-        # (250 ms) lets the server send its first frame straight after it.
-        first = math.ceil(MAX_FRAME_SECONDS * self.config.sample_rate / vits.hop_length)
-        yield from stream_chunks(vits, z_p, first_chunk_frames=first, pad_to=SHAPE_BUCKET)
+        # before the rest of the sentence. Its first piece (162.5 ms) is over the shortest
+        # frame the server may send first (150 ms), so it leaves straight after it.
+        yield from stream_chunks(vits, z_p, pad_to=SHAPE_BUCKET)
 
 
 class PiperEngine(Engine):

@@ -50,6 +50,15 @@ def test_frames_have_exact_duration_but_the_last():
     assert 0 < frames[-1].size <= 3600
 
 
+def test_the_first_frame_leaves_once_it_holds_150_ms():
+    stream = OutputStream(24000, 24000, chunk_ms=250)
+    assert stream.push(speechlike(0.1, 24000)) == []  # 100 ms: not yet
+    (first,) = stream.push(speechlike(0.06, 24000))  # 160 ms: out it goes, short
+    assert first.size == 3840
+    assert stream.push(speechlike(0.2, 24000)) == []  # then full 250 ms frames only
+    assert [f.size for f in stream.push(speechlike(0.1, 24000))] == [6000]
+
+
 def test_rechunker_flush_returns_the_remainder():
     r = Rechunker(100)
     assert [f.size for f in r.push(np.ones(250, np.float32))] == [100, 100]

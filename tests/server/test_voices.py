@@ -59,7 +59,7 @@ async def test_register_then_speak_with_the_cloned_voice(cosyvoice_server):
             audio = np.concatenate([f.to_float32() for f in frames])
             assert done["samples"] == audio.size > 0.2 * 24000
             assert np.sqrt(np.mean(audio**2)) > 1e-3  # random weights: not speech, but not silence
-            assert all(f.samples == 4800 for f in frames[:-1])
+            assert 3600 <= frames[0].samples <= 4800 and all(f.samples == 4800 for f in frames[1:-1])
     assert engine(cosyvoice_server).stats.frontend_runs == runs + 1
 
 
