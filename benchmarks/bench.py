@@ -91,7 +91,9 @@ def sweep_row(n: int, results: list[loadgen.UtteranceResult], per_client: int) -
     }
 
 
-async def measure_server(url: str, http: str, pid: int | None, plan: Plan) -> dict[str, Any]:
+async def measure_server(
+    url: str, http: str, pid: int | None, plan: Plan, poisson: tuple[float, float] | None = None
+) -> dict[str, Any]:
     replies = (corpus.REPLIES * 4)[: plan.replies]
     out: dict[str, Any] = {}
     # Concurrency 1: the latency a single user sees, and what whole-then-play would be.
@@ -117,6 +119,10 @@ async def measure_server(url: str, http: str, pid: int | None, plan: Plan) -> di
         out["sweep"].append(sweep_row(n, results, plan.per_client))
     held = [row["concurrency"] for row in out["sweep"] if row["held"]]
     out["held"] = max(held, default=0)
+    if poisson is not None:
+        rate, seconds = poisson
+        results = await loadgen.poisson(url, rate, seconds, replies)
+        out["poisson"] = {**sweep_row(0, results, 0), "rate_per_s": rate, "seconds": seconds, "requests": len(results)}
     if pid is not None:
         out["memory"] = asdict(await memory.stalled_readers(url, http, pid, plan.readers))
     return out
@@ -146,7 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         proc = spawn_voxwire(port, *_engine_options(args))
         url, http, pid = f"ws://127.0.0.1:{port}/v1/stream", f"http://127.0.0.1:{port}", proc.pid
     try:
-        results.update(asyncio.run(measure_server(url, http or "", pid, plan)))
+        poisson = (args.poisson, args.poisson_seconds) if args.poisson else None
+        results.update(asyncio.run(measure_server(url, http or "", pid, plan, poisson)))
     finally:
         if proc is not None:
             stop(proc)
@@ -197,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--piper-backend", default="torch", choices=("onnx", "torch"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-peers", action="store_true", help="skip Piper's HTTP server")
+    p.add_argument("--poisson", type=float, metavar="RATE", help="also: Poisson arrivals at RATE utterances/s")
+    p.add_argument("--poisson-seconds", type=float, default=30.0, help="how long the Poisson run lasts")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for results (default: %(default)s)")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)

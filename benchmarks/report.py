@@ -88,6 +88,18 @@ def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
             f"| Piper HTTP: whole response (ms) | {_ms(p['total_ms']['p50'])} | {_ms(p['total_ms']['p95'])} | "
             f"{_ms(p['total_ms']['p99'])} |",
         ]
+    if "poisson" in r:
+        po = r["poisson"]
+        t = po["ttfa_ms"]
+        lines += [
+            "",
+            f"### Poisson arrivals, {po['rate_per_s']:g} utterances/s for {po['seconds']:g} s (a connection each)",
+            "",
+            "| utterances | errors | TTFA p50 | p95 | p99 | underruns | with underrun | stall ms |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {po['utterances']} | {po['errors']} | {_ms(t['p50'])} | {_ms(t['p95'])} | {_ms(t['p99'])} | "
+            f"{po['underruns']} | {po['utterances_with_underrun']} | {po['stall_ms']:.0f} |",
+        ]
     if "memory" in r:
         mem = r["memory"]
         lines += [

@@ -14,7 +14,7 @@ def ordered(s: dict) -> bool:
 
 
 def test_tiny_bench_results_are_well_formed(tmp_path):
-    assert main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert main(["--tiny", "--out", str(tmp_path), "--poisson", "2", "--poisson-seconds", "3"]) == 0
     r = json.loads((tmp_path / "results.json").read_text())
     plan = Plan.named("tiny")
     assert r["machine"]["cores"] >= 1 and r["machine"]["cpu"]
@@ -45,6 +45,8 @@ def test_tiny_bench_results_are_well_formed(tmp_path):
     h = r["headline"]
     assert math.isclose(h["ttfa_over_floor"], h["ttfa_p50_ms"] / h["floor_first_chunk_p50_ms"])
     assert math.isclose(h["compute_limit_streams"], r["machine"]["cores"] / r["floor"]["rtf"]["p50"])
+    po = r["poisson"]
+    assert po["utterances"] == po["requests"] > 0 and po["errors"] == 0 and ordered(po["ttfa_ms"])
     # The report and its plots.
     md = (tmp_path / "report.md").read_text()
     assert "| streams | utterances |" in md and "TTFA ÷ floor" in md

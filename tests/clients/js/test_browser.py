@@ -279,6 +279,23 @@ def test_a_stream_rate_other_than_the_context_rate_is_resampled(page):
 
 
 @pytest.mark.timeout(120)
+def test_word_timestamps_reach_the_browser_client(page):
+    """The real server's `timestamps` events, surfaced by the JS client as `u.words`."""
+    run = page.evaluate("""async () => {
+        const {vx} = window.voxwireDemo;
+        const u = vx.speak('The quick brown fox jumps over the lazy dog.', {timestamps: true});
+        const events = [];
+        u.on('timestamps', (words) => events.push(words.length));
+        const done = await u.finished;
+        return {words: u.words, events, audio_ms: done.audio_ms};
+    }""")
+    assert [w["word"] for w in run["words"]] == "The quick brown fox jumps over the lazy dog".split()
+    starts = [w["start_ms"] for w in run["words"]]
+    assert starts == sorted(starts) and run["words"][-1]["end_ms"] <= run["audio_ms"] + 1
+    assert sum(run["events"]) == 9 and len(run["events"]) >= 2  # sent chunk by chunk
+
+
+@pytest.mark.timeout(120)
 def test_the_readme_embedding_example_works_as_written(browser, piper_server: RunningServer):
     js = Path(__file__).resolve().parents[3] / "clients" / "js"
     snippet = (js / "README.md").read_text().split("```html\n", 1)[1].split("```", 1)[0]
