@@ -31,7 +31,7 @@ JS_CLIENT_DIR = Path(__file__).resolve().parent.parent / "clients" / "js"
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
+CLOSE_TOO_BIG = 1009  # sent by uvicorn itself, for messages over ws_max_size
 CLOSE_TRY_AGAIN_LATER = 1013
 
 

@@ -8,11 +8,13 @@ that is registered again drops its entries, so nothing stale is served.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine.queue import AudioQueue, Finished
 from engine.text import normalize
 
 
@@ -28,6 +30,13 @@ class CacheKey:
 class Entry:
     audio: np.ndarray
     segments: int
+
+    def replay(self, loop: asyncio.AbstractEventLoop) -> AudioQueue:
+        """A queue that already holds the whole utterance, as the worker would have filled it."""
+        queue = AudioQueue(loop, self.audio.size + 1)
+        queue.put(self.audio)
+        queue.put(Finished())
+        return queue
 
 
 class ResultCache:

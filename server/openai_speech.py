@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.base import EngineError, SynthesisParams
-from engine.queue import AudioQueue, Failed, Finished
+from engine.queue import Failed, Finished
 from server.audio import OutputStream, encode
 from server.cache import Entry
 from server.service import Service
@@ -87,9 +87,7 @@ async def speech(request: Request, service: Service) -> Response:
     hit = service.cache.get(key) if service.cache.enabled else None
     utterance = None
     if hit is not None:
-        queue = AudioQueue(asyncio.get_running_loop(), hit.audio.size + 1)
-        queue.put(hit.audio)
-        queue.put(Finished())
+        queue = hit.replay(asyncio.get_running_loop())
     else:
         try:
             utterance = service.worker.submit(SynthesisParams(voice=voice, speed=float(speed)), asyncio.get_running_loop())

@@ -184,10 +184,7 @@ class Session:
         # Only a one-shot utterance can be looked up: streamed text is not known yet.
         hit = cache.get(key) if cache.enabled and message.final else None
         if hit is not None:
-            rate = self.service.worker.sample_rate
-            queue = AudioQueue(asyncio.get_running_loop(), hit.audio.size + rate)
-            queue.put(hit.audio)
-            queue.put(Finished())
+            queue = hit.replay(asyncio.get_running_loop())
             live = _Live(ctx, settings, None, queue, received_at=received, text=[message.text], cache_key=key,
                          cached_segments=hit.segments)
         else:
