@@ -98,6 +98,9 @@ class CosyVoice2Engine(Engine):
     def voices(self) -> Sequence[Voice]:
         return [self._voice(v) for v in self.store.all()]
 
+    def has_voice(self, voice_id: str) -> bool:
+        return self.store.get(voice_id) is not None
+
     def register_voice(self, audio: np.ndarray, sample_rate: int, transcript: str, name: str) -> Voice:
         """Run the frontend once per distinct (audio, transcript); store the result."""
         if not isinstance(audio, np.ndarray):

@@ -4,6 +4,9 @@ A voice is the frontend's output (:class:`Prompt`) plus a name. Its id is a hash
 the audio samples, sample rate and transcript, so registering the same content
 twice returns the same voice without running the frontend again. On disk each
 voice is ``<id>.npz`` (arrays) + ``<id>.json`` (metadata), written atomically.
+
+Several server processes (``--workers``) may share one directory: a voice that one of
+them registers is read from disk by the others the first time they are asked for it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +26,8 @@ from .frontend import Prompt
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
+# What content_id makes; only such ids are looked up on disk (no path tricks).
+_ID = re.compile(r"cv2-[0-9a-f]{20}")
 
 
 def content_id(audio: np.ndarray, sample_rate: int, transcript: str) -> str:
@@ -45,34 +51,57 @@ class VoiceStore:
     def __init__(self, directory: Path | None) -> None:
         self.directory = Path(directory) if directory is not None else None
         self._voices: dict[str, StoredVoice] = {}
+        self._unreadable: set[str] = set()  # listed once, not re-read on every listing
         self._lock = threading.Lock()  # voices() is read from other threads
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._load_all()
+            self.all()
 
-    def _load_all(self) -> None:
-        assert self.directory is not None
-        for meta_path in sorted(self.directory.glob("cv2-*.json")):
-            try:
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
-                if meta.get("format") != FORMAT_VERSION:
-                    continue
-                with np.load(meta_path.with_suffix(".npz")) as arrays:
-                    prompt = Prompt(
-                        text_ids=arrays["text_ids"].astype(np.int64),
-                        speech_tokens=arrays["speech_tokens"].astype(np.int64),
-                        mel=arrays["mel"].astype(np.float32),
-                        embedding=arrays["embedding"].astype(np.float32),
-                    )
-                self._voices[meta["id"]] = StoredVoice(meta["id"], meta["name"], prompt, meta.get("transcript", ""))
-            except (OSError, ValueError, KeyError) as exc:
-                log.warning("skipping unreadable voice %s: %s", meta_path.name, exc)
+    @staticmethod
+    def _read(meta_path: Path) -> StoredVoice | None:
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if meta.get("format") != FORMAT_VERSION:
+                return None
+            # The .json is written after the .npz, so a .json that exists has its arrays.
+            with np.load(meta_path.with_suffix(".npz")) as arrays:
+                prompt = Prompt(
+                    text_ids=arrays["text_ids"].astype(np.int64),
+                    speech_tokens=arrays["speech_tokens"].astype(np.int64),
+                    mel=arrays["mel"].astype(np.float32),
+                    embedding=arrays["embedding"].astype(np.float32),
+                )
+            return StoredVoice(meta["id"], meta["name"], prompt, meta.get("transcript", ""))
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("skipping unreadable voice %s: %s", meta_path.name, exc)
+            return None
+
+    def _from_disk(self, voice_id: str) -> StoredVoice | None:
+        """A voice another process registered since this one loaded the directory."""
+        if self.directory is None or not _ID.fullmatch(voice_id):
+            return None
+        meta_path = self.directory / f"{voice_id}.json"
+        if not meta_path.is_file():
+            return None
+        voice = self._read(meta_path)
+        with self._lock:
+            if voice is None or voice.id != voice_id:
+                self._unreadable.add(voice_id)
+                return None
+            return self._voices.setdefault(voice_id, voice)
 
     def get(self, voice_id: str) -> StoredVoice | None:
         with self._lock:
-            return self._voices.get(voice_id)
+            known = self._voices.get(voice_id)
+        return known if known is not None else self._from_disk(voice_id)
 
     def all(self) -> list[StoredVoice]:
+        if self.directory is not None:
+            with self._lock:
+                seen = set(self._voices) | self._unreadable
+            for meta_path in sorted(self.directory.glob("cv2-*.json")):
+                if meta_path.stem not in seen:
+                    self._from_disk(meta_path.stem)
         with self._lock:
             return list(self._voices.values())
 
@@ -94,3 +123,4 @@ class VoiceStore:
             os.replace(tmp_json, stem.with_suffix(".json"))
         with self._lock:
             self._voices[voice.id] = voice
+            self._unreadable.discard(voice.id)

@@ -60,6 +60,23 @@ def test_register_caches_by_content_and_persists(engine, voice, tiny_dir: Path) 
     assert restarted.stats.frontend_runs == 0 and audio.size > 0
 
 
+def test_a_voice_registered_by_another_process_is_found(engine, tiny_dir: Path) -> None:
+    """--workers: each process has its own engine on one --voices-dir. One that started
+    before a voice was registered elsewhere still finds it, by id and in its list."""
+    other = CosyVoice2Engine(tiny_dir, voices_dir=engine.store.directory, seed=2)
+    new = engine.register_voice(_reference_audio(2.5, f0=140.0), SR, "Registered elsewhere.", "late")
+    assert other.has_voice(new.id)
+    audio = np.concatenate(list(other.synthesize("Hi.", SynthesisParams(voice=new.id))))
+    assert audio.size > 0 and other.stats.frontend_runs == 0
+    late = engine.register_voice(_reference_audio(2.5, f0=220.0), SR, "Listed elsewhere.", "listed")
+    assert late.id in {v.id for v in other.voices()}
+    # Only ids of the store's own form are looked up on disk; junk files are skipped.
+    (engine.store.directory / "cv2-0123456789abcdef0123.json").write_text("{not json", encoding="utf-8")
+    assert not other.has_voice("cv2-0123456789abcdef0123")
+    assert not other.has_voice("../" + new.id) and not other.has_voice(new.id + ".tmp")
+    assert len(other.voices()) == len(engine.voices())
+
+
 @pytest.mark.parametrize(
     "audio,rate,transcript,code",
     [
