@@ -77,31 +77,29 @@ def torch_decode_chunks(model: Vits, ids, scales, seed: int = 0):
     return decode_chunks(model, z)
 
 
-def torch_stream(model: Vits, ids, scales, seed: int = 0):
-    """What the engine runs, with its input-shape buckets."""
-    z_p, _ = model.infer_prior(
-        torch.tensor(ids), *scales, generator=seeded(model, seed), bucket=PHONEME_BUCKET
-    )
-    return stream_chunks(model, z_p, pad_to=SHAPE_BUCKET)
-
-
-def torch_prior(model: Vits, ids, scales) -> tuple[torch.Tensor, torch.Tensor]:
-    """infer_prior alone (text encoder + durations), as the engine runs it."""
+def torch_prior(model: Vits, ids, scales, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """infer_prior (text encoder + durations) as the engine runs it, input padded to its
+    bucket; finished on the device when this returns."""
     out = model.infer_prior(
-        torch.tensor(ids), *scales, generator=seeded(model, 0), bucket=PHONEME_BUCKET
+        torch.tensor(ids), *scales, generator=seeded(model, seed), bucket=PHONEME_BUCKET
     )
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     return out
 
 
+def torch_stream(model: Vits, ids, scales, seed: int = 0):
+    """What the engine runs, with its input-shape buckets."""
+    z_p, _ = torch_prior(model, ids, scales, seed)
+    return stream_chunks(model, z_p, pad_to=SHAPE_BUCKET)
+
+
 def prior_flops(model: Vits, ids: list[int], scales) -> int:
-    """Floating-point operations (convolutions and matmuls) of ``infer_prior`` as the
-    engine runs it, padded to its bucket."""
+    """Floating-point operations (convolutions and matmuls) of ``torch_prior``."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
-        model.infer_prior(torch.tensor(ids), *scales, generator=seeded(model, 0), bucket=PHONEME_BUCKET)
+        torch_prior(model, ids, scales)
     return counter.get_total_flops()
 
 

@@ -62,8 +62,9 @@ def serve_workers(config: ServerConfig, poll_seconds: float = 0.5) -> int:
 
     if config.engine.voices_dir is None:
         log.warning(
-            "no --voices-dir: a voice registered through POST /v1/voices stays in the worker "
-            "that registered it; give the workers a shared --voices-dir"
+            "no --voices-dir: with an engine that clones voices, one registered through "
+            "POST /v1/voices stays in the worker that registered it; give the workers a "
+            "shared --voices-dir"
         )
     procs = [start(i) for i in range(config.workers)]
     signal.signal(signal.SIGTERM, stop)
