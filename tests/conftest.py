@@ -36,10 +36,11 @@ def free_port() -> int:
 
 
 @dataclass
-class RunningServer:
+class Loopback:
+    """Something serving Voxwire's routes on a loopback port (the server, or a proxy)."""
+
     host: str
     port: int
-    service: Service
 
     @property
     def http(self) -> str:
@@ -48,6 +49,11 @@ class RunningServer:
     @property
     def ws(self) -> str:
         return f"ws://{self.host}:{self.port}/v1/stream"
+
+
+@dataclass
+class RunningServer(Loopback):
+    service: Service
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import RunningServer, free_port
+from tests.conftest import Loopback, RunningServer, free_port
 from tests.server.test_stream import SENTENCE, SEVERAL, assert_speech
 from voxwire_client import Audio, Client
 from voxwire_client.sync import synthesize_async
@@ -92,17 +92,8 @@ http {{
 
 
 @dataclass
-class Nginx:
-    port: int
+class Nginx(Loopback):
     dir: Path
-
-    @property
-    def http(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/stream"
 
     def logs(self) -> str:
         return "\n".join(
@@ -120,7 +111,7 @@ def run_nginx(site_conf: str, upstream: RunningServer, d: Path) -> Iterator[Ngin
     port = free_port()
     (d / "voxwire.conf").write_text(render_site(site_conf, port, f"{upstream.host}:{upstream.port}"))
     (d / "nginx.conf").write_text(main_conf(d))
-    proxy = Nginx(port, d)
+    proxy = Nginx("127.0.0.1", port, d)
     with open(d / "stderr.log", "wb") as err:
         proc = subprocess.Popen(
             [binary, "-p", f"{d}/", "-e", f"{d}/error.log", "-c", f"{d}/nginx.conf", "-g", "daemon off;"],
