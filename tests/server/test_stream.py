@@ -15,6 +15,12 @@ from voxwire_client import Audio, Client
 from voxwire_client.sync import synthesize_async
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+ONE_LONG_SENTENCE = (
+    "The old lighthouse keeper climbed the spiral stairs every single evening long after "
+    "the ships had stopped needing his lamp and he polished the brass and wound the "
+    "clockwork and watched the horizon turn from orange to violet while the visitors "
+    "below wondered why he still bothered to keep the light burning through the night."
+)
 SEVERAL = (
     "Streaming speech should start at once. The rest of the text is still being computed. "
     "Then the last sentence arrives, and the listener never waits."
@@ -130,8 +136,12 @@ async def test_disconnect_mid_stream_closes_generators_and_others_carry_on(piper
     closed_before = worker.stats.generators_closed
     ws = await websockets.connect(piper_server.ws)
     await read(ws)
+    # One unsplittable sentence of ~20 s per utterance: when the first frame arrives the
+    # worker is certainly inside a segment (finishing it takes ~1 s of compute), so an
+    # open generator is what the disconnect has to close. With short sentences the
+    # abort could land between two segments, where there is no generator to close.
     for i in range(3):
-        await ws.send(orjson.dumps({"type": "speak", "ctx": f"u{i}", "text": SEVERAL * 3}).decode())
+        await ws.send(orjson.dumps({"type": "speak", "ctx": f"u{i}", "text": ONE_LONG_SENTENCE}).decode())
     while (await read(ws))["type"] != "audio":
         pass
     ws.transport.abort()  # no close handshake: the client just vanishes
