@@ -1,15 +1,34 @@
 # Two commands: `make serve` and `make test`. Both create .venv when it is missing.
 PYTHON ?= python3
 VENV   ?= .venv
-HOST   ?= 127.0.0.1
-PORT   ?= 8000
+# HOST and PORT are passed to `voxwire serve` only when given (make serve PORT=9000), so
+# that otherwise the settings file and VOXWIRE_* variables decide (flags outrank both).
+HOST   ?=
+PORT   ?=
 ARGS   ?=
 PYTEST_ARGS ?=
 
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.voxwire-installed
+SERVE_FLAGS := $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
-.PHONY: serve test install clean
+.PHONY: serve test install system-packages clean
+
+# What the tests need from the OS, from Debian's packages (never a downloaded browser):
+# Chromium and Node for the JS client's tests, nginx for tests/deploy. Installed only when
+# missing, so a machine that has them is left alone.
+system-packages:
+	@missing=""; \
+	command -v make >/dev/null || missing="$$missing make"; \
+	$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	if [ -n "$$missing" ]; then \
+	  echo "make test: installing$$missing from the OS packages"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +47,9 @@ $(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml $(ORACLE)
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/voxwire serve --host $(HOST) --port $(PORT) $(ARGS)
+	$(BIN)/voxwire serve $(SERVE_FLAGS) $(ARGS)
 
-test: $(STAMP)
+test: system-packages $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -71,6 +71,11 @@ class Engine(ABC):
     name: str
     sample_rate: int
     device: str = "cpu"
+    timestamps: bool = False
+    """Whether ``synthesize`` yields ``WordTimings`` when ``params.timestamps`` asks."""
+    clones_voices: bool = False
+    """Whether ``register_voice`` can make a voice: the server refuses uploads otherwise,
+    before it decodes anything."""
 
     @abstractmethod
     def voices(self) -> Sequence[Voice]:

@@ -37,6 +37,31 @@ class EngineOptions:
     """Engine-specific keyword arguments (tests set CosyVoice2's ``cpu_threads``); not a setting."""
 
 
+def preflight(options: EngineOptions) -> str | None:
+    """Why this engine cannot load, found without loading it (a missing model file), as
+    one line for the operator; None when nothing is known to stop it."""
+    if options.name == "piper":
+        from engine.piper.engine import voice_files_from_path
+
+        try:
+            for path in options.piper_voices:
+                voice_files_from_path(path)
+        except EngineError as e:
+            return f"{e.message}. --piper-voice takes a MODEL.onnx with its MODEL.onnx.json beside it."
+        return None
+    if options.name == "cosyvoice2":
+        from engine.cosyvoice2 import missing_files
+
+        missing = missing_files(options.model_dir)
+        if missing:
+            return (
+                f"the CosyVoice2 model directory {options.model_dir} lacks: {', '.join(missing)}.\n"
+                "Download CosyVoice2-0.5B into it (see pretrained_models/README.md); nothing is downloaded for you."
+            )
+        return None
+    return f"unknown engine {options.name!r}; choose one of {', '.join(ENGINES)}"
+
+
 def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
     """A function that loads the engine; the worker calls it on its own thread."""
     if options.name == "piper":

@@ -330,7 +330,8 @@ class Worker:
             return
         except Exception as e:  # contained: this utterance fails, the others go on
             log.exception("engine error in utterance")
-            self._end(u, "failed", Failed("engine_error", f"the engine failed: {type(e).__name__}: {e}"))
+            # The message is for the listener; the exception and its trace are in the log.
+            self._end(u, "failed", Failed("engine_error", "the engine failed on this utterance; the others go on"))
             return
         finally:
             self._stepping, self._step_started_at = None, None

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -14,11 +16,13 @@ from starlette.applications import Starlette
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
-from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from engine.base import EngineError
 from engine.worker import Worker
 from server import auth, openai_speech, voices
+from server.client_files import ClientFiles
 from server.config import ServerConfig
 from server.service import Service
 from server.session import Session
@@ -31,7 +35,6 @@ JS_CLIENT_DIR = Path(__file__).resolve().parent.parent / "clients" / "js"
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009  # sent by uvicorn itself, for messages over ws_max_size
 CLOSE_TRY_AGAIN_LATER = 1013
 
 
@@ -76,14 +79,21 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         try:
             await ws.send_text(session.ready_message())
             while True:
-                # One receive outlives the idle checks: cancelling it could lose a message.
-                receive = receive or asyncio.ensure_future(ws.receive())
-                done, _ = await asyncio.wait({receive}, timeout=idle)
-                if not done:
-                    if session.active:
-                        continue  # quiet, but audio is still being produced or sent
+                now = time.monotonic()
+                await session.end_waiting_utterances(now)
+                idle_in = session.idle_in(now)
+                if idle_in <= 0:
                     await ws.close(CLOSE_NORMAL, f"idle for {idle:g} s")
                     break
+                # Wake when the connection or a waiting utterance would time out; while
+                # audio is being made, look again within the timeout (or a second).
+                wake = min(idle_in, session.open_utterance_expires_in(now))
+                timeout = min(idle, 1.0) if math.isinf(wake) else max(wake, 0.01)
+                # One receive outlives the idle checks: cancelling it could lose a message.
+                receive = receive or asyncio.ensure_future(ws.receive())
+                done, _ = await asyncio.wait({receive}, timeout=timeout)
+                if not done:
+                    continue
                 message, receive = receive.result(), None
                 if message["type"] == "websocket.disconnect":
                     break
@@ -123,6 +133,13 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         if (r := refused(request)) is not None:
             return r
         if request.method == "POST":
+            try:
+                engine = service.worker.loaded_engine()
+            except EngineError as e:
+                return voices.error(e.code, e.message)
+            if not engine.clones_voices:
+                # Said before the upload is read: nothing it holds could change the answer.
+                return voices.error("voice_registration_unsupported", f"the {engine.name} engine cannot clone voices")
             return await voices.register_voice(request, service)
         return voices.list_voices(service)
 
@@ -148,7 +165,22 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         Route("/metrics", metrics),
     ]
     if (JS_CLIENT_DIR / "demo.html").is_file():
-        routes += [Route("/", index), Mount("/client", StaticFiles(directory=JS_CLIENT_DIR), name="client")]
+        routes += [Route("/", index), Mount("/client", ClientFiles(JS_CLIENT_DIR), name="client")]
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.router.default = _not_found
     app.state.service = service
     return app
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    """404 for an unknown path, WebSocket handshakes included: without it the handshake
+    is refused with 403, which reads like an authentication failure."""
+    response = JSONResponse({"error": {"code": "not_found", "message": "no such path"}}, status_code=404)
+    if scope["type"] == "websocket":
+        websocket = WebSocket(scope, receive, send)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await websocket.send_denial_response(response)
+        else:  # a server without the denial extension can only refuse (403)
+            await websocket.close()
+        return
+    await response(scope, receive, send)

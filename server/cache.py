@@ -8,13 +8,13 @@ that is registered again drops its entries, so nothing stale is served.
 
 from __future__ import annotations
 
-import asyncio
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from engine.queue import AudioQueue, Finished
+from engine.base import WordTiming, WordTimings
+from engine.queue import Finished, Flushed, Item
 from engine.text import normalize
 
 
@@ -30,13 +30,33 @@ class CacheKey:
 class Entry:
     audio: np.ndarray
     segments: int
+    words: tuple[WordTiming, ...] | None = None
+    """Word timings at the engine's rate, or None when the utterance was made without them."""
 
-    def replay(self, loop: asyncio.AbstractEventLoop) -> AudioQueue:
-        """A queue that already holds the whole utterance, as the worker would have filled it."""
-        queue = AudioQueue(loop, self.audio.size + 1)
-        queue.put(self.audio)
-        queue.put(Finished())
-        return queue
+
+class Replay:
+    """A cached utterance streamed again: what the worker once produced, then Finished.
+
+    It reads like the worker's queue (``get``), but it is its own kind: nothing computes
+    behind it, a ``flush`` is answered in order (before Finished), and there is nothing to
+    bound, because the audio is already in memory."""
+
+    def __init__(self, entry: Entry) -> None:
+        self._items: deque[Item] = deque()
+        if entry.words:
+            self._items.append(WordTimings(entry.words))
+        self._items.append(entry.audio)
+
+    async def get(self) -> Item:
+        return self._items.popleft() if self._items else Finished()
+
+    def flush(self) -> None:
+        self._items.append(Flushed())
+
+    def clear(self) -> int:
+        dropped = sum(i.shape[0] for i in self._items if isinstance(i, np.ndarray))
+        self._items.clear()
+        return dropped
 
 
 class ResultCache:
@@ -44,7 +64,6 @@ class ResultCache:
         self.max_bytes = max_bytes
         self.bytes = 0
         self.hits = 0
-        self.misses = 0
         self._entries: OrderedDict[CacheKey, Entry] = OrderedDict()
 
     @property
@@ -60,10 +79,11 @@ class ResultCache:
     def key(engine: str, voice: str, speed: float, text: str) -> CacheKey:
         return CacheKey(engine, voice, speed, normalize(text))
 
-    def get(self, key: CacheKey) -> Entry | None:
+    def get(self, key: CacheKey, with_words: bool = False) -> Entry | None:
+        """The entry for ``key``; with ``with_words``, only one that has word timings (a
+        request for timestamps is then computed again, and its result replaces the entry)."""
         entry = self._entries.get(key)
-        if entry is None:
-            self.misses += 1
+        if entry is None or (with_words and entry.words is None):
             return None
         self._entries.move_to_end(key)
         self.hits += 1

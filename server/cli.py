@@ -35,25 +35,24 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_format)
     if not config.auth.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
         logging.warning("listening on %s with no API key: anyone who can reach it can use it", config.host)
-    if config.engine.name == "cosyvoice2":
-        from engine.cosyvoice2 import missing_files
+    from engine.registry import preflight
 
-        missing = missing_files(config.engine.model_dir)
-        if missing:
-            print(
-                f"voxwire: the CosyVoice2 model directory {config.engine.model_dir} lacks: {', '.join(missing)}.\n"
-                "Download CosyVoice2-0.5B into it (see pretrained_models/README.md); nothing is downloaded for you.",
-                file=sys.stderr,
-            )
-            return 2
+    problem = preflight(config.engine)
+    if problem is not None:
+        print(f"voxwire: {problem}", file=sys.stderr)
+        return 2
     if config.workers > 1:
         from server.workers import serve_workers
 
         return serve_workers(config)
+    from server.service import StartupError
+
     try:
         app = create_app(config)
-    except EngineError as e:
-        print(f"voxwire: {e.message}", file=sys.stderr)
+        # Load before listening, so a default that the engine lacks ends here, in one line.
+        app.state.service.load()
+    except (EngineError, StartupError) as e:
+        print(f"voxwire: {getattr(e, 'message', e)}", file=sys.stderr)
         return 2
     run(app, config.host, config.port, config.log_level)
     return 0

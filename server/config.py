@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.registry import EngineOptions
+from server.audio import MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
 from server.limits import Limits
 
 
 def setting(default: Any, help: str, **metadata: Any) -> Any:
+    """A field that is a setting. ``range=(low, high)`` bounds a number (high None: no
+    upper bound); server/settings.py refuses to start with a value outside it."""
     return field(default=default, metadata={"help": help, **metadata})
 
 
@@ -36,8 +39,8 @@ class AuthConfig:
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = setting("127.0.0.1", "address to listen on; with no API key, keep it on loopback")
-    port: int = setting(8000, "port to listen on")
-    workers: int = setting(1, "server processes, each with its own engine (for many-core CPUs)")
+    port: int = setting(8000, "port to listen on", range=(1, 65535))
+    workers: int = setting(1, "server processes, each with its own engine (for many-core CPUs)", range=(1, 256))
     log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = setting(
         "auto", "logs: json lines, or text for people; auto picks text in a terminal", choices=("auto", "json", "text")
@@ -50,8 +53,21 @@ class ServerConfig:
     default_format: str = setting(
         "pcm_s16le", "default output format", flag="format", choices=("pcm_s16le", "pcm_f32le", "mulaw")
     )
-    default_sample_rate: int | None = setting(None, "default output rate (default: the engine's own)", flag="sample-rate")
-    default_chunk_ms: int = setting(200, "default chunk duration, 150-250 ms", flag="chunk-ms")
-    cache_mb: float = setting(64.0, "result cache size in MB (repeated requests stream from it); 0 turns it off")
-    step_timeout: float = setting(30.0, "seconds before a hung engine step is abandoned and the worker replaced")
-    drain_seconds: float = setting(10.0, "on SIGTERM, seconds in-flight utterances get before sockets close (1001)")
+    default_sample_rate: int | None = setting(
+        None, f"default output rate, {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz (default: the engine's own)",
+        flag="sample-rate", range=(MIN_SAMPLE_RATE, MAX_SAMPLE_RATE),
+    )
+    default_chunk_ms: int = setting(
+        200, f"default chunk duration, {MIN_CHUNK_MS}-{MAX_CHUNK_MS} ms", flag="chunk-ms", range=(MIN_CHUNK_MS, MAX_CHUNK_MS)
+    )
+    cache_mb: float = setting(
+        64.0, "result cache size in MB (repeated requests stream from it); 0 turns it off", range=(0, None)
+    )
+    # At least a second: a first step on a CPU takes a few hundred ms, and a timeout below
+    # that would abandon every healthy utterance.
+    step_timeout: float = setting(
+        30.0, "seconds before a hung engine step is abandoned and the worker replaced (at least 1)", range=(1, None)
+    )
+    drain_seconds: float = setting(
+        10.0, "on SIGTERM, seconds in-flight utterances get before sockets close (1001)", range=(0, None)
+    )

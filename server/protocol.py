@@ -116,11 +116,19 @@ def _decode(data: str | bytes) -> Any:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
-            raise ProtocolError("invalid_json", f"the message is not valid JSON: {e}") from None
+            # The position helps a person find the mistake; the parser's own words do not.
+            raise ProtocolError(
+                "invalid_json", f"the message is not valid JSON (line {e.lineno}, column {e.colno})"
+            ) from None
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError("invalid_msgpack", f"the binary message is not valid msgpack: {type(e).__name__}") from None
+        # Any key type decodes, so a map with a non-string key is reported as the wrong
+        # message shape (invalid_message) rather than as undecodable bytes.
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError("invalid_msgpack", "the binary message is not valid msgpack") from None
+    if isinstance(obj, dict) and not all(isinstance(k, str) for k in obj):
+        raise ProtocolError("invalid_message", "every key of a message must be a string")
+    return obj
 
 
 def _only(obj: dict[str, Any], allowed: set[str] | frozenset[str]) -> None:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from engine.base import EngineError
 from engine.registry import engine_factory
 from engine.supervisor import Supervisor
 from engine.worker import Worker
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CloseSocket = Callable[[int, str], Awaitable[None]]
+
+
+class StartupError(Exception):
+    """The server cannot serve as configured (its engine failed to load, or a default
+    does not exist in it). The message is one line for the operator."""
 
 
 class Service:
@@ -50,12 +56,27 @@ class Service:
         """The current worker; the supervisor may have replaced the one from a minute ago."""
         return self.supervisor.worker
 
-    async def start(self) -> None:
-        self.metrics.bind_loop(asyncio.get_running_loop())
+    def load(self) -> None:
+        """Load the engine and settle the session defaults against it, on this thread.
+        The command line calls it before serving, so a bad setting ends the process with
+        one clear line; the app's lifespan calls it for servers built in-process."""
+        if self.defaults is not None:
+            return
         self.supervisor.start()
-        engine = await asyncio.to_thread(self.supervisor.wait_ready)
+        try:
+            engine = self.supervisor.wait_ready()
+        except EngineError as e:
+            self.supervisor.stop()
+            raise StartupError(e.message) from None
+        except Exception as e:
+            self.supervisor.stop()
+            raise StartupError(f"the {self.config.engine.name} engine failed to load; see the log above ({e})") from None
         voices = engine.voices()
         voice = self.config.default_voice or (voices[0].id if voices else "")
+        if self.config.default_voice and not engine.has_voice(voice):
+            self.supervisor.stop()
+            known = ", ".join(v.id for v in voices) or "none yet"
+            raise StartupError(f"--voice {voice!r} is not a voice of the {engine.name} engine (its voices: {known})")
         self.defaults = StreamSettings(
             voice=voice,
             format=self.config.default_format,
@@ -63,6 +84,10 @@ class Service:
             chunk_ms=self.config.default_chunk_ms,
         )
         log.info("engine %s ready on %s with voices %s", engine.name, engine.device, [v.id for v in voices])
+
+    async def start(self) -> None:
+        self.metrics.bind_loop(asyncio.get_running_loop())
+        await asyncio.to_thread(self.load)
 
     def stop(self) -> None:
         self.draining = True

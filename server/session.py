@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from engine.text import normalize
 from engine.worker import Utterance
 from server import protocol
 from server.audio import OutputStream, encode
-from server.cache import CacheKey, Entry
+from server.cache import CacheKey, Entry, Replay
 from server.logs import log_utterance
 from server.limits import TokenBucket
 from server.protocol import Cancel, Config, Flush, ProtocolError, Speak, StreamSettings
@@ -39,7 +40,9 @@ SendText = Callable[[str], Awaitable[None]]
 SendBytes = Callable[[bytes], Awaitable[None]]
 
 RETRY_AFTER_MS = 1000  # a hint: one second is long next to an utterance's first step
-_RECENT = 256  # finished ctx ids remembered, so a late cancel is not reported as an error
+ENDED_CTX_REMEMBERED = 4096
+"""Ended ctx ids a connection remembers: a late cancel for one is not an error, and text
+for one is refused (ctx_finished) instead of opening a new utterance under its name."""
 
 
 @dataclass
@@ -50,8 +53,9 @@ class _Live:
     settings: StreamSettings
     utterance: Utterance | None
     """The worker's side of it; None when it is replayed from the result cache."""
-    queue: AudioQueue
+    queue: AudioQueue | Replay
     received_at: float
+    last_text_at: float
     text: list[str] = field(default_factory=list)
     samples_sent: int = 0
     frames: int = 0
@@ -61,9 +65,13 @@ class _Live:
     produced: list[np.ndarray] | None = None
     """Engine-rate audio kept for the result cache, until it would be too big to keep."""
     produced_bytes: int = 0
+    produced_words: list[WordTiming] = field(default_factory=list)
+    """Engine-rate word timings kept with ``produced``, so a cached repeat has them too."""
     cached_segments: int = 0
     words: deque[WordTiming] = field(default_factory=deque)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    released: bool = False
+    """Its admission slot has been given back: exactly once, however it ended."""
 
     @property
     def text_chars(self) -> int:
@@ -86,8 +94,11 @@ class Session:
         # Several utterance tasks share one socket; frames must not interleave mid-send.
         self._send_lock = asyncio.Lock()
         self._live: dict[str, _Live] = {}
-        self._recent: deque[str] = deque(maxlen=_RECENT)
+        self._ended: OrderedDict[str, None] = OrderedDict()  # a bounded set, oldest first
         self._auto_ctx = 0
+        self.last_message_at = time.monotonic()
+        self._playing_until = 0.0
+        """When the client will have played every frame it was sent (monotonic clock)."""
         self._closed = False
         self._bucket = TokenBucket(self.limits.messages_per_second, self.limits.message_burst)
         self._session_chars = 0
@@ -106,11 +117,13 @@ class Session:
             voices=[v.to_dict() for v in engine.voices()],
             defaults=self.defaults.to_dict(),
             formats=list(protocol.FORMATS),
+            features={"timestamps": engine.timestamps, "voice_cloning": engine.clones_voices},
             limits=self.limits.to_dict(),
         )
 
     async def handle(self, data: str | bytes) -> None:
         """Act on one client message. Protocol errors are answered, never raised."""
+        self.last_message_at = time.monotonic()
         try:
             message = protocol.parse(data)
             # Parsed first, so the refusal can name the utterance whose text was dropped.
@@ -125,11 +138,16 @@ class Session:
             elif isinstance(message, Speak):
                 await self._speak(message)
             elif isinstance(message, Flush):
+                if message.ctx in self._ended:
+                    # It ended while the flush was on its way: all its audio was sent,
+                    # which is what flushed says.
+                    await self._send(protocol.event("flushed", ctx=message.ctx))
+                    return
                 live = self._get(message.ctx)
                 if live.utterance is not None:
                     live.utterance.flush()
-                else:  # a cache replay: all its audio is already on its way
-                    live.queue.put(Flushed())
+                else:
+                    live.queue.flush()
             elif isinstance(message, Cancel):
                 await self._cancel(message.ctx)
         except ProtocolError as e:
@@ -139,7 +157,7 @@ class Session:
 
     async def _config(self, message: Config) -> None:
         settings = protocol.apply(self.defaults, message.settings)
-        self._check_voice(settings.voice, None)
+        self._check_engine(settings, None)
         self.defaults = settings
         await self._send(protocol.event("configured", **settings.to_dict()))
 
@@ -155,14 +173,20 @@ class Session:
                 )
             self._check_text(live, message.text)
             live.text.append(message.text)
+            live.last_text_at = time.monotonic()
             self._session_chars += len(message.text)
             live.utterance.feed(message.text, message.final)
             return
+        if ctx is not None and ctx in self._ended:
+            # Text that was on its way when the client cancelled (a barge-in) must not
+            # open a new utterance, or it would be spoken at the start of the next turn.
+            raise ProtocolError(
+                "ctx_finished", f"utterance {ctx!r} has ended; start a new utterance with a new ctx", ctx
+            )
         if ctx is None:
-            self._auto_ctx += 1
-            ctx = f"auto-{self._auto_ctx}"
+            ctx = self._auto_name()
         settings = protocol.apply(self.defaults, message.settings)
-        self._check_voice(settings.voice, ctx)
+        self._check_engine(settings, ctx)
         if len(message.text) > self.limits.max_text_chars:
             raise ProtocolError("text_too_long", f"text is limited to {self.limits.max_text_chars} characters", ctx)
         self._check_session_text(message.text, ctx)
@@ -182,11 +206,10 @@ class Session:
         cache = self.service.cache
         key = cache.key(self.service.worker.loaded_engine().name, settings.voice, settings.speed, message.text)
         # Only a one-shot utterance can be looked up: streamed text is not known yet.
-        hit = cache.get(key) if cache.enabled and message.final else None
+        hit = cache.get(key, with_words=settings.timestamps) if cache.enabled and message.final else None
         if hit is not None:
-            queue = hit.replay(asyncio.get_running_loop())
-            live = _Live(ctx, settings, None, queue, received_at=received, text=[message.text], cache_key=key,
-                         cached_segments=hit.segments)
+            live = _Live(ctx, settings, None, Replay(hit), received_at=received, last_text_at=received,
+                         text=[message.text], cache_key=key, cached_segments=hit.segments)
         else:
             try:
                 utterance = self.service.worker.submit(
@@ -196,7 +219,8 @@ class Session:
             except EngineError as e:
                 self.admission.end_utterance()
                 raise ProtocolError(e.code, e.message, ctx) from None
-            live = _Live(ctx, settings, utterance, utterance.queue, received_at=received, text=[message.text])
+            live = _Live(ctx, settings, utterance, utterance.queue, received_at=received, last_text_at=received,
+                         text=[message.text])
             if cache.enabled:
                 live.produced, live.cache_key = [], key
         self._session_chars += len(message.text)
@@ -209,7 +233,7 @@ class Session:
     async def _cancel(self, ctx: str) -> None:
         live = self._live.get(ctx)
         if live is None:
-            if ctx in self._recent:
+            if ctx in self._ended:
                 return  # it finished while the cancel was on its way: nothing to stop
             raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
         await self._stop(live)
@@ -222,13 +246,29 @@ class Session:
             raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
         return live
 
-    def _check_voice(self, voice: str, ctx: str | None) -> None:
+    def _auto_name(self) -> str:
+        """A ctx for a speak that named none: never one the client uses or used here."""
+        while True:
+            self._auto_ctx += 1
+            ctx = f"auto-{self._auto_ctx}"
+            if ctx not in self._live and ctx not in self._ended:
+                return ctx
+
+    def _check_engine(self, settings: StreamSettings, ctx: str | None) -> None:
+        """What only the loaded engine can tell: whether it has the voice, and whether it
+        can time words."""
         try:
             engine = self.service.worker.loaded_engine()
         except EngineError as e:
             raise ProtocolError(e.code, e.message, ctx, retry_after_ms=RETRY_AFTER_MS) from None
-        if not engine.has_voice(voice):
-            raise ProtocolError("unknown_voice", f"unknown voice {voice!r}; GET /v1/voices lists them", ctx)
+        if not engine.has_voice(settings.voice):
+            raise ProtocolError("unknown_voice", f"unknown voice {settings.voice!r}; GET /v1/voices lists them", ctx)
+        if settings.timestamps and not engine.timestamps:
+            raise ProtocolError(
+                "timestamps_unsupported",
+                f"this server's engine ({engine.name}) cannot time words; ready.features says what it can do",
+                ctx,
+            )
 
     def _check_text(self, live: _Live, text: str) -> None:
         if live.text_chars + len(text) > self.limits.max_text_chars:
@@ -258,6 +298,8 @@ class Session:
                     self._keep(live, item)
                     await self._send_frames(live, out.push(item))
                 elif isinstance(item, WordTimings):
+                    if live.produced is not None:
+                        live.produced_words.extend(item.words)
                     if s.timestamps:
                         scale = s.sample_rate / rate  # engine samples -> the stream's own timeline
                         live.words.extend(
@@ -299,7 +341,8 @@ class Session:
         if live.produced and live.cache_key is not None and live.utterance is not None:
             # Streamed text is keyed by what it added up to, for one-shot repeats of it.
             key = replace(live.cache_key, text=normalize("".join(live.text)))
-            self.service.cache.put(key, Entry(np.concatenate(live.produced), live.utterance.segments))
+            words = tuple(live.produced_words) if live.settings.timestamps else None
+            self.service.cache.put(key, Entry(np.concatenate(live.produced), live.utterance.segments, words))
 
     async def _send_words(self, live: _Live, before: int | None) -> None:
         """A ``timestamps`` event for the words that start before sample ``before`` (all
@@ -333,6 +376,8 @@ class Session:
                 live.steps_at_first_frame = live.utterance.steps if live.utterance else 0
             live.frames += 1
             live.samples_sent += frame.size
+            played_by = live.first_frame_at + live.samples_sent / live.settings.sample_rate
+            self._playing_until = max(self._playing_until, played_by)
             # A send into a socket with room does not suspend; yield anyway, so a cancel
             # waiting on this connection is read between two frames, not after a burst.
             await asyncio.sleep(0)
@@ -373,7 +418,11 @@ class Session:
             live.utterance.cancel()
         if self._live.get(live.ctx) is live:
             del self._live[live.ctx]
-            self._recent.append(live.ctx)
+            self._ended[live.ctx] = None
+            if len(self._ended) > ENDED_CTX_REMEMBERED:
+                self._ended.popitem(last=False)
+        if not live.released:
+            live.released = True
             self.admission.end_utterance()
 
     async def _stop(self, live: _Live) -> None:
@@ -396,6 +445,39 @@ class Session:
                 await self._send_text(message)
             else:
                 await self._send_bytes(message)
+
+    # -- idleness ------------------------------------------------------------------------------
+
+    def idle_in(self, now: float) -> float:
+        """Seconds until this connection is idle (0 or less: it is), as protocol.md defines
+        it: no message and nothing playing for the idle timeout, where playing lasts until
+        the audio sent has been heard. Infinite while an utterance with all its text is
+        still being computed or sent."""
+        if any(live.complete for live in self._live.values()):
+            return math.inf
+        quiet_since = max(self.last_message_at, self._playing_until)
+        return quiet_since + self.limits.idle_timeout_seconds - now
+
+    def open_utterance_expires_in(self, now: float) -> float:
+        """Seconds until the first streamed utterance that is waiting for text has waited
+        the idle timeout (infinite when none waits)."""
+        waiting = [live.last_text_at for live in self._live.values() if not live.complete]
+        return min(waiting) + self.limits.idle_timeout_seconds - now if waiting else math.inf
+
+    async def end_waiting_utterances(self, now: float) -> None:
+        """End each streamed utterance that received no text for the idle timeout: its
+        producer has gone quiet, and it must not hold a slot for ever."""
+        idle = self.limits.idle_timeout_seconds
+        for live in list(self._live.values()):
+            if not live.complete and now - live.last_text_at >= idle:
+                await self._stop(live)
+                self._record(live, "idle_timeout")
+                await self._send(
+                    protocol.error(
+                        "idle_timeout", f"utterance {live.ctx!r} received no text for {idle:g} s and has ended",
+                        live.ctx, terminal=True,
+                    )
+                )
 
     async def fail_all(self, code: str, message: str) -> None:
         """Stop every utterance, telling its client why (a shutdown past its deadline)."""

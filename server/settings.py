@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import tomllib
 import types
@@ -42,11 +43,17 @@ class Setting:
     help: str
     choices: tuple[str, ...] | None
     env: str
+    bounds: tuple[float, float | None] | None = None
 
     @property
     def key(self) -> str:
         """The flag's stem: the argparse destination, unique across sections."""
         return self.flag.replace("-", "_")
+
+    @property
+    def toml_key(self) -> str:
+        """How the settings file names it: ``[limits] max_text_chars``, or ``cache_mb``."""
+        return f"[{self.section}] {self.field}" if self.section else self.field
 
     @property
     def is_list(self) -> bool:
@@ -80,7 +87,8 @@ def _walk(cls: type, section: str | None) -> Iterator[Setting]:
         env = f.metadata.get("env", ENV_PREFIX + flag.replace("-", "_").upper())
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         yield Setting(
-            section, f.name, flag, hints[f.name], default, f.metadata["help"], f.metadata.get("choices"), env
+            section, f.name, flag, hints[f.name], default, f.metadata["help"], f.metadata.get("choices"), env,
+            f.metadata.get("range"),
         )
 
 
@@ -121,7 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in settings():
         group = groups.setdefault(s.section, parser.add_argument_group(s.section or "server"))
         shown = ",".join(map(str, s.default)) if s.is_list else s.default
-        help = f"{s.help} (default: {shown if shown not in ('', None) else 'none'}; env {s.env})"
+        help = (
+            f"{s.help} (default: {shown if shown not in ('', None) else 'none'}; env {s.env}; "
+            f"file: {s.toml_key})"
+        )
         if s.scalar is bool and not s.is_list:
             group.add_argument(f"--{s.flag}", dest=s.key, action=argparse.BooleanOptionalAction, default=None, help=help)
         elif s.is_list:
@@ -146,7 +157,24 @@ def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None =
         given = getattr(args, s.key, None) if args is not None else None
         if given is not None:
             values[s.key] = _convert(s, given, f"--{s.flag}")
-    return build(values, known)
+    config = build(values, known)
+    check_ranges(config, known)
+    return config
+
+
+def check_ranges(config: ServerConfig, known: Sequence[Setting] | None = None) -> None:
+    """Refuse a value outside its documented range before anything starts: a server that
+    came up with 9600-sample frames or a 30 ms step timeout fails every request instead."""
+    for s in known or settings():
+        if s.bounds is None:
+            continue
+        value = getattr(getattr(config, s.section) if s.section else config, s.field)
+        low, high = s.bounds
+        if value is None:
+            continue
+        if value < low or (high is not None and value > high):
+            allowed = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+            raise SettingsError(f"--{s.flag} ({s.toml_key}) must be {allowed}, got {value:g}")
 
 
 def build(values: Mapping[str, Any], known: Sequence[Setting] | None = None) -> ServerConfig:
@@ -180,9 +208,19 @@ def _check_toml_keys(table: Mapping[str, Any], known: Sequence[Setting], path: P
         if key in SECTIONS and isinstance(value, dict):
             for sub in value:
                 if (key, sub) not in allowed:
-                    raise SettingsError(f"{path}: unknown setting [{key}] {sub}")
+                    raise SettingsError(f"{path}: unknown setting [{key}] {sub}{_did_you_mean(sub, known)}")
         elif (None, key) not in allowed:
-            raise SettingsError(f"{path}: unknown setting {key}")
+            raise SettingsError(f"{path}: unknown setting {key}{_did_you_mean(key, known)}")
+
+
+def _did_you_mean(name: str, known: Sequence[Setting]) -> str:
+    # People write the flag's name (chunk_ms for --chunk-ms) or misspell a key.
+    by_flag = [s for s in known if s.key == name]
+    if by_flag:
+        return f"; did you mean {by_flag[0].toml_key}?"
+    fields = {s.field: s for s in known}
+    close = difflib.get_close_matches(name, list(fields), n=1)
+    return f"; did you mean {fields[close[0]].toml_key}?" if close else ""
 
 
 def to_env(config: ServerConfig) -> dict[str, str]:

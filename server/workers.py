@@ -20,6 +20,8 @@ from server.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
+EXIT_CANNOT_START = 2  # a worker's settings cannot work: restarting it would loop forever
+
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -35,9 +37,17 @@ def _worker(config: ServerConfig, index: int) -> None:
     from server.logs import configure_logging
     from server.run import serve
 
+    from server.service import StartupError
+
     configure_logging(config.log_level, config.log_format)
     logging.getLogger(__name__).info("worker %d starting", index)
-    serve(create_app(config), config.host, config.port, config.log_level, sockets=[_bind(config.host, config.port)])
+    app = create_app(config)
+    try:
+        app.state.service.load()
+    except StartupError as e:
+        logging.getLogger(__name__).error("worker %d cannot start: %s", index, e)
+        raise SystemExit(EXIT_CANNOT_START) from None
+    serve(app, config.host, config.port, config.log_level, sockets=[_bind(config.host, config.port)])
 
 
 def serve_workers(config: ServerConfig, poll_seconds: float = 0.5) -> int:
@@ -77,6 +87,12 @@ def serve_workers(config: ServerConfig, poll_seconds: float = 0.5) -> int:
             return 0
         for i, p in enumerate(procs):
             if not p.is_alive():
+                if p.exitcode == EXIT_CANNOT_START:
+                    log.error("worker %d cannot start as configured: stopping", i)
+                    stop(signal.SIGTERM, None)
+                    for q in procs:
+                        q.join(config.drain_seconds + 30)
+                    return EXIT_CANNOT_START
                 log.error("worker %d exited (code %s): restarting it", i, p.exitcode)
                 procs[i] = start(i)
         time.sleep(poll_seconds)

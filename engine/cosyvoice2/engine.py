@@ -35,6 +35,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 class CosyVoice2Engine(Engine):
     name = "cosyvoice2"
     sample_rate = 24000
+    clones_voices = True
 
     def __init__(
         self,

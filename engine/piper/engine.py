@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 
 from engine.base import Engine, EngineError, SynthesisParams, Voice, WordTimings
-from engine.piper.alignment import Aligner, word_spans
+from engine.piper.alignment import Aligner, word_phonemes
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ class PiperEngine(Engine):
 
             configure_cpu_threads()
         self.backend = backend
+        self.timestamps = backend == "torch"  # the durations that time words are the torch port's
         self.device = device
         self._voices = {f.id: _LoadedVoice(f, backend, device) for f in files}
         rates = {v.config.sample_rate for v in self._voices.values()}
@@ -185,8 +186,8 @@ class PiperEngine(Engine):
         sentences = [p for p in voice.piper.phonemize(text) if p]
         aligner = None
         if params.timestamps and voice.vits is not None:
-            words = word_spans(text, voice.piper.phonemize)
-            aligner = Aligner(words, voice.ids_per_phoneme, voice.config.hop_length)
+            words = word_phonemes(text, voice.piper.phonemize, voice.ids_per_phoneme)
+            aligner = Aligner(words, sentences, voice.ids_per_phoneme, voice.config.hop_length)
         offset = 0
         for phonemes in sentences:
             durations: list[np.ndarray] = []

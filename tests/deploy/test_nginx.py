@@ -41,7 +41,7 @@ from voxwire_client.sync import synthesize_async
 ROOT = Path(__file__).resolve().parents[2]
 SITE_CONF = ROOT / "deploy" / "nginx.conf"
 JS_DIR = ROOT / "clients" / "js"
-LONG_CACHE = "public, max-age=31536000, immutable"
+REVALIDATE = "no-cache"
 
 
 def find_nginx() -> str:
@@ -230,7 +230,11 @@ async def test_health_and_voices_through_nginx(nginx):
 async def test_demo_page_and_static_client_through_nginx(nginx):
     async with httpx.AsyncClient(base_url=nginx.http, timeout=30) as http:
         demo = await http.get("/", follow_redirects=True)
-        statics = {name: await http.get(f"/client/{name}") for name in ("index.js", "voxwire.js", "player-worklet.js", "demo.css")}
+        statics = {
+            name: await http.get(f"/client/{name}")
+            for name in ("index.js", "voxwire.js", "player-worklet.js", "demo.css", "demo.js")
+        }
+        private = [await http.get(f"/client/{name}") for name in ("package.json", "README.md", "test/pcm.test.js", "tools/screenshot.py")]
         etag = statics["voxwire.js"].headers.get("etag")
         revalidated = await http.get("/client/voxwire.js", headers={"If-None-Match": etag}) if etag else None
         missing = await http.get("/client/no-such-file.js")
@@ -246,12 +250,13 @@ async def test_demo_page_and_static_client_through_nginx(nginx):
 
     for name, r in statics.items():
         assert r.status_code == 200, name
-        assert r.headers.get("cache-control") == LONG_CACHE, name
+        assert r.headers.get("cache-control") == REVALIDATE, name
         assert r.content == (JS_DIR / name).read_bytes(), name
     assert statics["voxwire.js"].headers["content-type"].startswith(("text/javascript", "application/javascript"))
     if revalidated is not None:
-        assert revalidated.status_code == 304 and revalidated.headers.get("cache-control") == LONG_CACHE
+        assert revalidated.status_code == 304 and revalidated.headers.get("cache-control") == REVALIDATE
     assert missing.status_code == 404 and "immutable" not in missing.headers.get("cache-control", "")
+    assert [r.status_code for r in private] == [404] * 4  # the client's tests and metadata are not served
 
 
 # -- uploads: nginx's body-size limit --------------------------------------------------

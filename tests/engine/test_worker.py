@@ -92,7 +92,8 @@ async def test_engine_error_fails_only_its_utterance(worker):
     good.feed("fine words here.", final=True)
     _, bad_end = await drain(bad)
     audio, good_end = await drain(good)
-    assert isinstance(bad_end, Failed) and bad_end.code == "engine_error" and "exploded" in bad_end.message
+    assert isinstance(bad_end, Failed) and bad_end.code == "engine_error"
+    assert "RuntimeError" not in bad_end.message  # a message for people; the trace is in the log
     assert isinstance(good_end, Finished) and audio.size == 3 * int(RATE * WORD_SECONDS)
     assert worker.stats.failures == 1
 

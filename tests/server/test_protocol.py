@@ -64,3 +64,17 @@ def test_error_names_the_ctx_when_it_can():
 def test_audio_frame_is_a_msgpack_map():
     frame = msgpack.unpackb(protocol.audio_frame("a", 3, 4800, 2, b"\x01\x00\x02\x00"))
     assert frame == {"type": "audio", "ctx": "a", "seq": 3, "offset": 4800, "samples": 2, "audio": b"\x01\x00\x02\x00"}
+
+
+def test_a_msgpack_map_with_a_non_string_key_is_the_wrong_shape_not_bad_bytes():
+    with pytest.raises(ProtocolError) as e:
+        protocol.parse(msgpack.packb({"type": "speak", 1: "x"}))
+    assert e.value.code == "invalid_message"
+
+
+@pytest.mark.parametrize("data", ["{not json", '{"type": "speak", "text": }', b"\xc1\xff\x00", b"\x93\x01"])
+def test_error_messages_are_for_people_not_parsers(data):
+    with pytest.raises(ProtocolError) as e:
+        protocol.parse(data)
+    for internal in ("Error", "Exception", "0x", "<", "unexpected character"):
+        assert internal not in e.value.message, e.value.message

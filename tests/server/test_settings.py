@@ -62,6 +62,10 @@ def test_defaults_when_nothing_is_given():
         ("", {"VOXWIRE_LOG_FORMAT": "xml"}, "log_format must be one of"),
         ("", {"VOXWIRE_LOG_TEXT": "maybe"}, "log_text must be bool"),
         ("port = = 1\n", {}, "not valid TOML"),
+        ("chunk_ms = 150\n", {}, "unknown setting chunk_ms; did you mean default_chunk_ms?"),
+        ("[limits]\nmax_text_char = 1\n", {}, "did you mean [limits] max_text_chars?"),
+        ("[limits]\nidle_timeout_seconds = 0\n", {}, "must be at least 0.1, got 0"),
+        ("", {"VOXWIRE_SAMPLE_RATE": "96000"}, "must be from 8000 to 48000, got 96000"),
     ],
 )
 def test_mistakes_are_errors(tmp_path: Path, toml, env, message):
