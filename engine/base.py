@@ -56,6 +56,12 @@ class WordTimings:
     words: tuple[WordTiming, ...]
 
 
+@dataclass(frozen=True)
+class Registered:
+    voice: Voice
+    created: bool
+
+
 class EngineError(Exception):
     """A failure the client should hear about, with a stable machine-readable code."""
 
@@ -84,6 +90,13 @@ class Engine(ABC):
     def has_voice(self, voice_id: str) -> bool:
         return any(v.id == voice_id for v in self.voices())
 
+    def default_voice(self) -> str | None:
+        """The voice a request that names none speaks with: the first of ``voices``, which
+        an engine lists in a stable order, so every process gives the same answer. None
+        while the engine has no voice (a cloning engine before its first registration)."""
+        voices = self.voices()
+        return voices[0].id if voices else None
+
     @abstractmethod
     def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray | WordTimings]:
         """Yield float32 mono pieces at ``sample_rate`` for one segment of text, and, where
@@ -95,8 +108,10 @@ class Engine(ABC):
 
     def register_voice(
         self, audio: np.ndarray, sample_rate: int, transcript: str, name: str
-    ) -> Voice:
-        """Make a new voice from reference audio (zero-shot cloning engines only)."""
+    ) -> Registered:
+        """Make a voice from reference audio (zero-shot cloning engines only). The same
+        audio and transcript give the same voice: ``created`` is true for the one
+        registration that made it."""
         raise EngineError(
             "voice_registration_unsupported", f"the {self.name} engine cannot clone voices"
         )

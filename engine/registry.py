@@ -30,6 +30,11 @@ class EngineOptions:
     model_dir: Path = field(
         default=Path("pretrained_models/CosyVoice2-0.5B"), metadata={"help": "CosyVoice2 model directory"}
     )
+    threads: int | None = field(
+        default=None,
+        metadata={"help": "CPU threads for the engine's math in each server process; default: the physical cores "
+                  "(at most 4), divided among --workers", "range": (1, 256)},
+    )
     voices_dir: Path | None = field(
         default=None, metadata={"help": "where registered (cloned) voices are stored; default: none kept"}
     )
@@ -70,7 +75,9 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
             from engine.piper.engine import PiperEngine, voice_files_from_path
 
             voices = [voice_files_from_path(p) for p in options.piper_voices] or None
-            return PiperEngine(voices=voices, backend=options.piper_backend, device=options.device)  # type: ignore[arg-type]
+            return PiperEngine(
+                voices=voices, backend=options.piper_backend, device=options.device, threads=options.threads,  # type: ignore[arg-type]
+            )
 
         return piper
     if options.name == "cosyvoice2":
@@ -78,8 +85,9 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
         def cosyvoice2() -> Engine:
             from engine.cosyvoice2.engine import CosyVoice2Engine
 
+            extra = {"cpu_threads": options.threads, **options.extra} if options.threads else options.extra
             return CosyVoice2Engine(
-                options.model_dir, device=options.device, voices_dir=options.voices_dir, **options.extra  # type: ignore[arg-type]
+                options.model_dir, device=options.device, voices_dir=options.voices_dir, **extra  # type: ignore[arg-type]
             )
 
         return cosyvoice2

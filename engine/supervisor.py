@@ -25,6 +25,8 @@ class Supervisor:
         self.step_timeout = step_timeout
         self.worker = make_worker()
         self.restarts = 0
+        self.on_restart: Callable[[], None] | None = None
+        """Called after a worker was replaced (a metrics hook)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="voxwire-watchdog", daemon=True)
 
@@ -52,6 +54,8 @@ class Supervisor:
         # that retries at once reaches the new worker (loading, at worst).
         self.worker = self._make_worker().start()
         self.restarts += 1
+        if self.on_restart is not None:
+            self.on_restart()
         stuck.abandon("engine_timeout", f"the engine did not answer within {self.step_timeout:g} s")
         return True
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine import scheduler
 from engine.base import Engine, EngineError, SynthesisParams, WordTimings
-from engine.queue import AudioQueue, Failed, Finished, Flushed
+from engine.audio_queue import AudioQueue, Failed, Finished, Flushed
 from engine.text.segment import Segmenter, SegmenterLimits
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ T = TypeVar("T")
 @dataclass
 class WorkerStats:
     steps: int = 0
-    utterances: int = 0
     generators_closed: int = 0
     failures: int = 0
     busy_seconds: float = 0.0
@@ -87,10 +86,6 @@ class Utterance:
     @property
     def complete(self) -> bool:
         return self._complete
-
-    @property
-    def sample_rate(self) -> int:
-        return self._worker.sample_rate
 
     @property
     def produced_seconds(self) -> float:
@@ -223,7 +218,6 @@ class Worker:
             if self._stopping:
                 raise EngineError("shutting_down", "the server is shutting down")
             self._utterances.append(u)
-            self.stats.utterances += 1
             self._cond.notify()
         return u
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -57,23 +56,20 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
     async def stream(ws: WebSocket) -> None:
         subprotocols = list(ws.scope.get("subprotocols", []))
         await ws.accept(subprotocol=auth.chosen_subprotocol(subprotocols))
-        if not auth.origin_is_allowed(service.config.auth, ws.headers.get("origin")):
-            await ws.close(CLOSE_POLICY, "origin not allowed")
+        refusal = _connection_refusal(service, ws, subprotocols)
+        if refusal is not None:
+            reason, code, message = refusal
+            service.pipeline.accounting.connection_refused(reason, code)
+            await ws.close(code, message)
             return
-        if not _authorised(service, ws, subprotocols):
-            await ws.close(CLOSE_POLICY, "a valid API key is required")
-            return
-        if service.draining:
+        assert service.defaults is not None
+        session = Session(service.pipeline, service.defaults, service.config.limits, ws.send_text, ws.send_bytes)
+
+        async def shutdown() -> None:
+            await session.fail_all("shutting_down", "the server is shutting down")
             await ws.close(CLOSE_GOING_AWAY, "the server is shutting down")
-            return
-        if not service.ready():
-            await ws.close(CLOSE_TRY_AGAIN_LATER, "the server is not ready; try again shortly")
-            return
-        if not service.admission.try_connect():
-            await ws.close(CLOSE_TRY_AGAIN_LATER, "the server is at capacity; try again in a second")
-            return
-        session = Session(service, ws.send_text, ws.send_bytes)
-        service.sessions[session] = ws.close
+
+        service.connections[session] = shutdown
         idle = service.config.limits.idle_timeout_seconds
         receive: asyncio.Future[dict] | None = None
         try:
@@ -104,7 +100,7 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         finally:
             if receive is not None:
                 receive.cancel()
-            service.sessions.pop(session, None)
+            service.connections.pop(session, None)
             await session.close()
             service.admission.disconnect()
 
@@ -137,19 +133,23 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
                 engine = service.worker.loaded_engine()
             except EngineError as e:
                 return voices.error(e.code, e.message)
-            if not engine.clones_voices:
-                # Said before the upload is read: nothing it holds could change the answer.
-                return voices.error("voice_registration_unsupported", f"the {engine.name} engine cannot clone voices")
-            return await voices.register_voice(request, service)
-        return voices.list_voices(service)
+            if not engine.clones_voices:  # nothing the upload holds could change the answer
+                return await voices.cannot_clone(request, engine)
+            return await voices.register_voice(request, service.worker, service.cache)
+        assert service.defaults is not None
+        engine = service.worker.loaded_engine()
+        return voices.list_voices(engine, service.defaults.voice or engine.default_voice())
 
     async def audio_speech(request: Request) -> Response:
         if not _authorised(service, request, []):
             return openai_speech.openai_error(401, "a valid API key is required", "unauthorized")
-        return await openai_speech.speech(request, service)
+        if service.defaults is None:
+            return openai_speech.openai_error(503, "the engine is loading", "not_ready")
+        return await openai_speech.speech(request, service.pipeline, service.defaults.voice)
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body, media_type = service.metrics.render()
+        return Response(body, media_type=media_type)
 
     async def index(request: Request) -> Response:
         # Keep the query: the demo page reads ?token= (and ?url=) from it.
@@ -170,6 +170,21 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
     app.router.default = _not_found
     app.state.service = service
     return app
+
+
+def _connection_refusal(service: Service, ws: WebSocket, subprotocols: list[str]) -> tuple[str, int, str] | None:
+    """Why a new connection may not speak: (reason, close code, message), or None."""
+    if not auth.origin_is_allowed(service.config.auth, ws.headers.get("origin")):
+        return "origin", CLOSE_POLICY, "origin not allowed"
+    if not _authorised(service, ws, subprotocols):
+        return "unauthorized", CLOSE_POLICY, "a valid API key is required"
+    if service.draining:
+        return "shutting_down", CLOSE_GOING_AWAY, "the server is shutting down"
+    if not service.ready():
+        return "not_ready", CLOSE_TRY_AGAIN_LATER, "the server is not ready; try again shortly"
+    if not service.admission.try_connect():
+        return "at_capacity", CLOSE_TRY_AGAIN_LATER, "the server is at capacity; try again in a second"
+    return None
 
 
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.base import WordTiming, WordTimings
-from engine.queue import Finished, Flushed, Item
+from engine.audio_queue import Finished, Flushed, Item
 from engine.text import normalize
 
 
@@ -27,7 +27,7 @@ class CacheKey:
 
 
 @dataclass(frozen=True)
-class Entry:
+class CachedAudio:
     audio: np.ndarray
     segments: int
     words: tuple[WordTiming, ...] | None = None
@@ -41,7 +41,7 @@ class Replay:
     behind it, a ``flush`` is answered in order (before Finished), and there is nothing to
     bound, because the audio is already in memory."""
 
-    def __init__(self, entry: Entry) -> None:
+    def __init__(self, entry: CachedAudio) -> None:
         self._items: deque[Item] = deque()
         if entry.words:
             self._items.append(WordTimings(entry.words))
@@ -52,6 +52,11 @@ class Replay:
 
     def flush(self) -> None:
         self._items.append(Flushed())
+
+    def fail(self, failure: Failed) -> None:
+        """End the replay with ``failure`` next, whatever was left to send."""
+        self._items.clear()
+        self._items.append(failure)
 
     def clear(self) -> int:
         dropped = sum(i.shape[0] for i in self._items if isinstance(i, np.ndarray))
@@ -64,7 +69,7 @@ class ResultCache:
         self.max_bytes = max_bytes
         self.bytes = 0
         self.hits = 0
-        self._entries: OrderedDict[CacheKey, Entry] = OrderedDict()
+        self._entries: OrderedDict[CacheKey, CachedAudio] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -79,7 +84,7 @@ class ResultCache:
     def key(engine: str, voice: str, speed: float, text: str) -> CacheKey:
         return CacheKey(engine, voice, speed, normalize(text))
 
-    def get(self, key: CacheKey, with_words: bool = False) -> Entry | None:
+    def get(self, key: CacheKey, with_words: bool = False) -> CachedAudio | None:
         """The entry for ``key``; with ``with_words``, only one that has word timings (a
         request for timestamps is then computed again, and its result replaces the entry)."""
         entry = self._entries.get(key)
@@ -89,7 +94,7 @@ class ResultCache:
         self.hits += 1
         return entry
 
-    def put(self, key: CacheKey, entry: Entry) -> None:
+    def put(self, key: CacheKey, entry: CachedAudio) -> None:
         size = entry.audio.nbytes
         if not self.enabled or size > self.max_entry_bytes or not key.text:
             return

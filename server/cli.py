@@ -1,4 +1,8 @@
-"""The ``voxwire`` command: ``serve`` runs the server; ``say`` is the Python client's."""
+"""``voxwire serve``: the server's command line (also ``python -m server serve``).
+
+The ``voxwire`` command itself (serve, say, bench) is the top-level ``voxwire`` package,
+which sits above the server, its client and its benchmarks; nothing here imports them.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from engine.base import EngineError
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from server import settings
+    from server import config_loader
 
     p = sub.add_parser(
         "serve",
@@ -18,18 +22,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         description="Run the server. Settings come from --config FILE (TOML), then VOXWIRE_* environment "
         "variables, then these flags, each overriding the one before.",
     )
-    settings.add_arguments(p)
+    config_loader.add_arguments(p)
 
 
 def serve(args: argparse.Namespace) -> int:
-    from server import settings
+    from server import config_loader
     from server.app import create_app
     from server.logs import configure_logging
     from server.run import serve as run
 
     try:
-        config = settings.load(args)
-    except settings.SettingsError as e:
+        config = config_loader.load(args)
+    except config_loader.SettingsError as e:
         print(f"voxwire: {e}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_format)
@@ -42,7 +46,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"voxwire: {problem}", file=sys.stderr)
         return 2
     if config.workers > 1:
-        from server.workers import serve_workers
+        from server.processes import serve_workers
 
         return serve_workers(config)
     from server.service import StartupError
@@ -59,24 +63,13 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``argv`` starts with the command, ``serve``, as in ``voxwire serve --port 9000``."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "say":
-        from voxwire_client.cli import main as client_main
-
-        return client_main(argv)
-    if argv and argv[0] == "bench":
-        from benchmarks.bench import main as bench_main
-
-        return bench_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="voxwire", description="Voxwire streaming text-to-speech")
+    parser = argparse.ArgumentParser(prog="voxwire", description="Voxwire streaming text-to-speech server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    sub.add_parser("say", help="speak text through a server to a WAV file (see: voxwire say --help)")
-    sub.add_parser("bench", help="measure latency, underruns and capacity (see: voxwire bench --help)")
     args = parser.parse_args(argv)
-    if args.command == "serve":
-        return serve(args)
-    return 1
+    return serve(args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The server's configuration: one object, handed to the app at creation.
 
-server/settings.py fills it from a TOML file, VOXWIRE_* environment variables and
+server/config_loader.py fills it from a TOML file, VOXWIRE_* environment variables and
 command-line flags; each field's ``help`` is its documentation in ``voxwire serve --help``.
 """
 
@@ -16,7 +16,7 @@ from server.limits import Limits
 
 def setting(default: Any, help: str, **metadata: Any) -> Any:
     """A field that is a setting. ``range=(low, high)`` bounds a number (high None: no
-    upper bound); server/settings.py refuses to start with a value outside it."""
+    upper bound); server/config_loader.py refuses to start with a value outside it."""
     return field(default=default, metadata={"help": help, **metadata})
 
 
@@ -40,12 +40,20 @@ class AuthConfig:
 class ServerConfig:
     host: str = setting("127.0.0.1", "address to listen on; with no API key, keep it on loopback")
     port: int = setting(8000, "port to listen on", range=(1, 65535))
+    forwarded_allow_ips: str = setting(
+        "127.0.0.1", "proxies whose X-Forwarded-For/-Proto are believed (comma-separated addresses, or *): "
+        "the address of nginx in front",
+    )
     workers: int = setting(1, "server processes, each with its own engine (for many-core CPUs)", range=(1, 256))
     log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = setting(
         "auto", "logs: json lines, or text for people; auto picks text in a terminal", choices=("auto", "json", "text")
     )
     log_text: bool = setting(False, "include utterance text in the logs (redacted by default)")
+    log_digest_key: str | None = setting(
+        None, "key for the redacted text's digest in the logs, to compare digests across processes and restarts "
+        "(default: a random key per process)",
+    )
     engine: EngineOptions = field(default_factory=EngineOptions)
     limits: Limits = field(default_factory=Limits)
     auth: AuthConfig = field(default_factory=AuthConfig)

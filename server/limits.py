@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import mmap
+import os
+import struct
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+SHARED_ADMISSION_ENV = "VOXWIRE_SHARED_ADMISSION"
+WORKER_INDEX_ENV = "VOXWIRE_WORKER_INDEX"
 
 
 def _limit(default: float, help: str, low: float = 1, high: float | None = None) -> Any:
@@ -37,31 +47,131 @@ class Limits:
 
 
 class Admission:
-    """Counts what is active server-wide; refuses rather than queueing without bound."""
+    """Counts what is active server-wide; refuses rather than queueing without bound.
+
+    This one counts within its process. With ``--workers``, ``SharedAdmission`` counts
+    across them: the limits are server-wide in fact, whichever worker a client reaches.
+    """
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.connections = 0
-        self.utterances = 0
+        self._connections = 0
+        self._utterances = 0
+
+    @property
+    def connections(self) -> int:
+        return self._connections
+
+    @property
+    def utterances(self) -> int:
+        return self._utterances
 
     def try_connect(self) -> bool:
         # A connection arriving while every utterance slot is taken could not speak.
-        if self.connections >= self.limits.max_connections or self.utterances >= self.limits.max_utterances_total:
+        if self._connections >= self.limits.max_connections or self._utterances >= self.limits.max_utterances_total:
             return False
-        self.connections += 1
+        self._connections += 1
         return True
 
     def disconnect(self) -> None:
-        self.connections -= 1
+        self._connections -= 1
 
     def try_start_utterance(self) -> bool:
-        if self.utterances >= self.limits.max_utterances_total:
+        if self._utterances >= self.limits.max_utterances_total:
             return False
-        self.utterances += 1
+        self._utterances += 1
         return True
 
     def end_utterance(self) -> None:
-        self.utterances -= 1
+        self._utterances -= 1
+
+
+class SharedAdmission(Admission):
+    """Admission across worker processes: each process's counts sit in its own two slots
+    of a small shared file, and a check-and-take holds an exclusive ``flock`` on it. The
+    kernel drops a lock when its process dies, so a crashed worker cannot wedge the
+    others; its slots are zeroed by the parent before a replacement starts."""
+
+    SLOT = struct.Struct("<qq")  # connections, utterances
+
+    def __init__(self, limits: Limits, path: Path, index: int) -> None:
+        super().__init__(limits)
+        self._file = open(path, "r+b")  # noqa: SIM115 - held for the process's life
+        self._map = mmap.mmap(self._file.fileno(), 0)
+        self._index = index
+        self._workers = len(self._map) // self.SLOT.size
+
+    @staticmethod
+    def create(path: Path, workers: int) -> None:
+        path.write_bytes(bytes(SharedAdmission.SLOT.size * workers))
+
+    @staticmethod
+    def clear_worker(path: Path, index: int) -> None:
+        """Zero a dead worker's counts (the parent calls it before restarting it)."""
+        with open(path, "r+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(index * SharedAdmission.SLOT.size)
+            f.write(SharedAdmission.SLOT.pack(0, 0))
+
+    def _totals(self) -> tuple[int, int]:
+        connections = utterances = 0
+        for i in range(self._workers):
+            c, u = self.SLOT.unpack_from(self._map, i * self.SLOT.size)
+            connections, utterances = connections + c, utterances + u
+        return connections, utterances
+
+    def _add(self, connections: int, utterances: int) -> None:
+        offset = self._index * self.SLOT.size
+        c, u = self.SLOT.unpack_from(self._map, offset)
+        self.SLOT.pack_into(self._map, offset, c + connections, u + utterances)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+
+    @property
+    def connections(self) -> int:
+        return self._totals()[0]
+
+    @property
+    def utterances(self) -> int:
+        return self._totals()[1]
+
+    def try_connect(self) -> bool:
+        with self._locked():
+            connections, utterances = self._totals()
+            if connections >= self.limits.max_connections or utterances >= self.limits.max_utterances_total:
+                return False
+            self._add(1, 0)
+            return True
+
+    def disconnect(self) -> None:
+        with self._locked():
+            self._add(-1, 0)
+
+    def try_start_utterance(self) -> bool:
+        with self._locked():
+            if self._totals()[1] >= self.limits.max_utterances_total:
+                return False
+            self._add(0, 1)
+            return True
+
+    def end_utterance(self) -> None:
+        with self._locked():
+            self._add(0, -1)
+
+
+def admission_for_process(limits: Limits) -> Admission:
+    """Shared admission in a worker process of ``--workers`` (server/processes.py names the
+    file in the environment), otherwise this process's own."""
+    path = os.environ.get(SHARED_ADMISSION_ENV)
+    if not path:
+        return Admission(limits)
+    return SharedAdmission(limits, Path(path), int(os.environ.get(WORKER_INDEX_ENV, "0")))
 
 
 class TokenBucket:

@@ -1,26 +1,34 @@
 """Logging: one JSON object per line for machines, or plain lines in a terminal.
 
-Every finished utterance is logged once, as the ``voxwire.utterance`` event, with its ids,
-figures and outcome. Its text is not logged unless ``log_text`` is set: what users say to
-a voice assistant is theirs.
+Every utterance is logged once, as the ``voxwire.utterance`` event (server/accounting.py),
+with its ids, figures and outcome. Its text is not logged unless ``log_text`` is set: what
+users say to a voice assistant is theirs. Every line carries the process id and, with
+``--workers``, the worker's index, so lines from several workers can be told apart.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import os
 import sys
 import time
 from typing import Any
 
 import orjson
 
-UTTERANCES = logging.getLogger("voxwire.utterance")
-_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+from server.limits import WORKER_INDEX_ENV
+
+# uvicorn's color_message is its message with ANSI colours, for its own terminal handler.
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
+_WORKER = os.environ.get(WORKER_INDEX_ENV)
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in record.__dict__.items() if k not in _RESERVED}
+
+
+def _process() -> dict[str, Any]:
+    return {"pid": os.getpid(), **({"worker": int(_WORKER)} if _WORKER is not None else {})}
 
 
 class JsonFormatter(logging.Formatter):
@@ -30,6 +38,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **_process(),
             **_fields(record),
         }
         if record.exc_info:
@@ -41,7 +50,8 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(record.created))
         extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        line = f"{when} {record.levelname:<7} {record.name}: {record.getMessage()}" + (f"  {extra}" if extra else "")
+        who = f"[{_WORKER}] " if _WORKER is not None else ""
+        line = f"{when} {who}{record.levelname:<7} {record.name}: {record.getMessage()}" + (f"  {extra}" if extra else "")
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -59,15 +69,3 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
-
-
-def log_utterance(fields: dict[str, Any], text: str, include_text: bool) -> None:
-    """The one line per utterance. Without ``include_text`` the text appears only as its
-    length and a short digest, enough to tell two utterances apart, not to read them."""
-    fields = dict(fields)
-    fields["text_chars"] = len(text)
-    if include_text:
-        fields["text"] = text
-    else:
-        fields["text_sha256"] = hashlib.sha256(text.encode()).hexdigest()[:12]
-    UTTERANCES.info("utterance %s", fields.get("outcome"), extra=fields)

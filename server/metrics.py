@@ -1,83 +1,159 @@
-"""Prometheus metrics (prometheus-client), one registry per app.
+"""Prometheus metrics (prometheus-client), one set per server, whatever its process count.
 
-Counters and histograms are updated where things happen (the session); the gauges that
-describe current state are read at scrape time from the service, so they cannot drift.
+In one process the metrics live in the app's own registry. With ``--workers N`` the
+processes use prometheus-client's multiprocess mode: each writes its values to files in
+one directory (``PROMETHEUS_MULTIPROC_DIR``, set by server/processes.py before any worker
+starts), and a scrape of whichever worker answers sums them all. So every scrape gives
+the whole server's totals, and a counter never goes backwards when a worker is replaced:
+the files of a dead process keep counting. Per-worker breakdowns carry a ``worker``
+label (the process's index) where they are useful.
+
+Counters and histograms are updated where things happen (server/accounting.py, the
+worker's step hook). Gauges of current state are set by ``refresh`` from a ``Snapshot``,
+at each scrape and once a second, so a gauge is at most a second old in another worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from server.service import Service
+from prometheus_client import (
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest, multiprocess,
+)
 
 TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
+DOORS = ("ws", "http")
+OUTCOMES = ("done", "cancelled", "disconnected")
+"""Zero-initialised per door, so a rate() sees them from the first scrape; ``failed``
+and ``refused`` appear with their codes."""
 
 
-class _StateCollector(Collector):
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.loop: asyncio.AbstractEventLoop | None = None
+@dataclass(frozen=True)
+class Snapshot:
+    """This process's current state, as the metrics see it."""
 
-    def collect(self) -> Iterator[Metric]:
-        s = self.service
-        worker = s.worker
-        utterances = worker.utterances()
-        yield GaugeMetricFamily("voxwire_connections", "Open WebSocket connections", s.admission.connections)
-        yield GaugeMetricFamily("voxwire_active_utterances", "Utterances admitted and not ended", s.admission.utterances)
-        yield GaugeMetricFamily("voxwire_worker_utterances", "Utterances alive in the worker", len(utterances))
-        rate = worker.engine.sample_rate if worker.engine else 1
-        queued = sum(u.queue.samples for u in utterances) / rate
-        yield GaugeMetricFamily("voxwire_queued_audio_seconds", "Audio computed and not yet sent", queued)
-        yield GaugeMetricFamily("voxwire_ready", "1 when the engine is loaded and serving", int(s.ready()))
-        yield CounterMetricFamily("voxwire_worker_restarts", "Workers replaced after a hung step", s.supervisor.restarts)
-        yield CounterMetricFamily("voxwire_engine_steps", "Engine steps run by the current worker", worker.stats.steps)
-        yield CounterMetricFamily(
-            "voxwire_worker_busy_seconds",
-            "Seconds the current worker spent in engine steps (rate() of it is utilisation)",
-            worker.stats.busy_seconds,
-        )
-        yield GaugeMetricFamily("voxwire_cache_bytes", "Audio held by the result cache", s.cache.bytes)
-        yield CounterMetricFamily("voxwire_cache_hits", "Requests served from the result cache", s.cache.hits)
-        yield GaugeMetricFamily("voxwire_threads", "Threads in the server process", threading.active_count())
-        if self.loop is not None:
-            tasks = len(asyncio.all_tasks(self.loop))
-            yield GaugeMetricFamily("voxwire_asyncio_tasks", "Tasks alive on the event loop", tasks)
+    connections: int
+    """Server-wide (admission is shared across workers)."""
+    active_utterances: int
+    """Server-wide."""
+    worker_utterances: int
+    queued_audio_seconds: float
+    ready: bool
+    cache_bytes: int
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
 class Metrics:
-    def __init__(self, service: Service) -> None:
-        # No auto-describe: the state collector reads the service, which is still being built.
+    def __init__(self, snapshot: Callable[[], Snapshot], worker: str = "0") -> None:
+        self._snapshot = snapshot
+        self.worker = worker
+        self.multiprocess = multiprocess_dir() is not None
+        # Multiprocess: values go to files, and the scrape registry reads the files only.
         self.registry = CollectorRegistry(auto_describe=False)
-        self._state = _StateCollector(service)
-        self.registry.register(self._state)
+        own = None if self.multiprocess else self.registry
         self.utterances = Counter(
-            "voxwire_utterances", "Utterances by outcome (done, cancelled, or an error code)", ["outcome"],
-            registry=self.registry,
+            "voxwire_utterances", "Utterances by door, outcome and error code (once each, however they end)",
+            ["door", "outcome", "code"], registry=own,
+        )
+        for door in DOORS:
+            for outcome in OUTCOMES:
+                self.utterances.labels(door, outcome, "")
+        self.connections_refused = Counter(
+            "voxwire_connections_refused", "WebSocket connections refused before they could speak, by reason",
+            ["reason"], registry=own,
         )
         self.ttfa = Histogram(
-            "voxwire_ttfa_seconds", "Server time to first audio frame", buckets=TTFA_BUCKETS, registry=self.registry
+            "voxwire_ttfa_seconds", "Server time to first audio, by door", ["door"], buckets=TTFA_BUCKETS, registry=own,
         )
+        for door in DOORS:
+            self.ttfa.labels(door)
         self.rtf = Histogram(
-            "voxwire_rtf", "Engine compute time over audio duration, per utterance", buckets=RTF_BUCKETS,
-            registry=self.registry,
+            "voxwire_rtf_ratio", "Engine compute time over audio duration, per computed utterance",
+            buckets=RTF_BUCKETS, registry=own,
         )
         self.step_seconds = Histogram(
-            "voxwire_engine_step_seconds", "Duration of one engine step (one piece of audio computed)",
-            buckets=STEP_BUCKETS, registry=self.registry,
+            "voxwire_engine_step_seconds", "Duration of one engine step, by worker process", ["worker"],
+            buckets=STEP_BUCKETS, registry=own,
         )
-        from prometheus_client import ProcessCollector
+        self.engine_steps = Counter("voxwire_engine_steps", "Engine steps run, by worker process", ["worker"], registry=own)
+        self.busy_seconds = Counter(
+            "voxwire_worker_busy_seconds", "Seconds spent in engine steps, by worker process (rate() is utilisation)",
+            ["worker"], registry=own,
+        )
+        self.restarts = Counter(
+            "voxwire_worker_restarts", "Inference threads replaced after a hung step, by worker process", ["worker"],
+            registry=own,
+        )
+        self.cache_hits = Counter("voxwire_cache_hits", "Utterances served from the result cache", registry=own)
+        for family in (self.step_seconds, self.engine_steps, self.busy_seconds, self.restarts):
+            family.labels(worker)
+        # Server-wide values that every process reports alike: the scrape takes the max.
+        self.connections = Gauge("voxwire_connections", "Open WebSocket connections", registry=own,
+                                 multiprocess_mode="livemax")
+        self.active_utterances = Gauge("voxwire_active_utterances", "Utterances admitted and not ended",
+                                       registry=own, multiprocess_mode="livemax")
+        # Per-process values: the scrape sums the live processes.
+        self.worker_utterances = Gauge("voxwire_worker_utterances", "Utterances alive in the inference threads",
+                                       registry=own, multiprocess_mode="livesum")
+        self.queued_audio = Gauge("voxwire_queued_audio_seconds", "Audio computed and not yet sent",
+                                  registry=own, multiprocess_mode="livesum")
+        self.ready = Gauge("voxwire_ready_workers", "Worker processes whose engine is loaded and serving",
+                           registry=own, multiprocess_mode="livesum")
+        self.cache_bytes = Gauge("voxwire_cache_bytes", "Audio held by the result caches", registry=own,
+                                 multiprocess_mode="livesum")
+        self.threads = Gauge("voxwire_threads", "Threads in the server processes", registry=own,
+                             multiprocess_mode="livesum")
+        self.tasks = Gauge("voxwire_asyncio_tasks", "Tasks alive on the event loops", registry=own,
+                           multiprocess_mode="livesum")
+        self.peak_memory = Gauge("voxwire_peak_resident_memory_bytes", "Peak resident memory, by worker process",
+                                 ["worker"], registry=own, multiprocess_mode="liveall")
+        if not self.multiprocess:
+            ProcessCollector(registry=self.registry)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-        ProcessCollector(registry=self.registry)
+    def on_step(self, seconds: float) -> None:
+        """The worker's step hook (called on the inference thread)."""
+        self.step_seconds.labels(self.worker).observe(seconds)
+        self.engine_steps.labels(self.worker).inc()
+        self.busy_seconds.labels(self.worker).inc(seconds)
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._state.loop = loop
+        self._loop = loop
+
+    def refresh(self) -> None:
+        s = self._snapshot()
+        self.connections.set(s.connections)
+        self.active_utterances.set(s.active_utterances)
+        self.worker_utterances.set(s.worker_utterances)
+        self.queued_audio.set(s.queued_audio_seconds)
+        self.ready.set(int(s.ready))
+        self.cache_bytes.set(s.cache_bytes)
+        self.threads.set(threading.active_count())
+        if self._loop is not None:
+            self.tasks.set(len(asyncio.all_tasks(self._loop)))
+        self.peak_memory.labels(self.worker).set(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+    async def refresh_every(self, seconds: float = 1.0) -> None:
+        """Keep this process's gauges current for scrapes that another worker answers."""
+        while True:
+            self.refresh()
+            await asyncio.sleep(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        """The scrape: this server's metrics in the Prometheus text format."""
+        self.refresh()
+        if not self.multiprocess:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

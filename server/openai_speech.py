@@ -3,38 +3,171 @@
 For code that already calls ``client.audio.speech`` of the OpenAI SDK: point its
 ``base_url`` at Voxwire. Formats: ``pcm`` (raw 16-bit little-endian mono at 24 kHz, as
 OpenAI sends it) and ``wav`` (the same with a streaming header). OpenAI's voice names
-("alloy", ...) speak with the server's default voice; Voxwire's own voice ids work too.
+("alloy", ...) speak with the server's default voice; Voxwire's own voice ids work too,
+as a string or as OpenAI's voice object ``{"id": ...}``. ``model`` and ``instructions``
+are accepted and ignored: the loaded engine speaks. Optional fields may be null.
 Errors come in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+docs/protocol.md has the reference.
 """
 
 from __future__ import annotations
 
-import asyncio
+import logging
+import secrets
 import struct
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.base import EngineError, SynthesisParams
-from engine.queue import Failed, Finished
-from server.audio import OutputStream, encode
-from server.cache import Entry
-from server.service import Service
+from engine.base import Engine, EngineError
+from server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, UtteranceRequest
+from server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
 
+log = logging.getLogger(__name__)
+
+DOOR = "http"
 RATE = 24000
 CHUNK_MS = 200
 MAX_INPUT_CHARS = 4096  # OpenAI's own limit
 FORMATS = {"pcm": "audio/pcm", "wav": "audio/wav"}
-OPENAI_VOICES = frozenset("alloy ash ballad coral echo fable nova onyx sage shimmer verse".split())
+# OpenAI's built-in voices, as its API reference lists them. Code written for OpenAI names
+# one of these, so they speak with the default voice rather than fail.
+OPENAI_VOICES = frozenset("alloy ash ballad coral echo fable nova onyx sage shimmer verse marin cedar".split())
+# The range OpenAI documents for ``speed``; the engines here speak MIN_SPEED..MAX_SPEED of it.
+OPENAI_MIN_SPEED, OPENAI_MAX_SPEED = 0.25, 4.0
+# nginx's status for a client that closed its request: never sent (nobody is left to read
+# it), but it keeps the handler's return type honest.
+CLIENT_CLOSED_REQUEST = 499
 
 
 def openai_error(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+
+
+class Invalid(Exception):
+    """A request refused with 400, in OpenAI's error shape."""
+
+    def __init__(self, message: str, code: str, param: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    text: str
+    voice: str
+    """As the client named it; OpenAI's names are mapped once the engine is known."""
+    fmt: str
+    speed: float
+
+
+def optional(body: dict[str, Any], name: str, default: Any) -> Any:
+    # Many clients send null for a field they leave unset; OpenAI takes that as absent.
+    value = body.get(name)
+    return default if value is None else value
+
+
+def required_text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise Invalid(f"'{name}' is required and must be a non-empty string", "missing_field", name)
+    return value
+
+
+def voice_id(value: object) -> str:
+    """A voice name, or OpenAI's voice object ``{"id": ...}`` (its form for custom voices)."""
+    if isinstance(value, dict):
+        voice = value.get("id")
+        if not isinstance(voice, str) or not voice.strip():
+            raise Invalid("a voice object needs an 'id' that is a non-empty string", "invalid_voice", "voice")
+        return voice
+    if not isinstance(value, str) or not value.strip():
+        raise Invalid("'voice' is required: a voice name, or an object with an 'id'", "missing_field", "voice")
+    return value
+
+
+def speed_of(value: object) -> float:
+    out_of_range = Invalid(f"'speed' must be a number from {OPENAI_MIN_SPEED} to {OPENAI_MAX_SPEED}", "invalid_speed", "speed")
+    # true is an int to Python, not a number to a client.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise out_of_range
+    speed = float(value)
+    if not OPENAI_MIN_SPEED <= speed <= OPENAI_MAX_SPEED:
+        raise out_of_range
+    # OpenAI's range is wider than the engines': refuse plainly rather than clamp, so
+    # nobody gets a speed they did not ask for.
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise Invalid(
+            f"this server speaks at speeds from {MIN_SPEED} to {MAX_SPEED}; {speed:g} is outside that range",
+            "unsupported_speed", "speed",
+        )
+    return speed
+
+
+def response_format(value: object) -> str:
+    if not isinstance(value, str) or value not in FORMATS:
+        raise Invalid(
+            f"response_format must be {' or '.join(FORMATS)}; this server does not encode mp3, opus, aac or flac",
+            "invalid_format", "response_format",
+        )
+    return value
+
+
+def check_stream_format(value: object) -> None:
+    # The body is the audio itself; OpenAI's "sse" (audio in JSON events) is not offered.
+    if value != "audio":
+        raise Invalid(
+            "stream_format must be 'audio': this server streams the audio itself and does not offer 'sse'",
+            "invalid_stream_format", "stream_format",
+        )
+
+
+def parse_request(body: object) -> OpenAIRequest:
+    """The fields of a request body, checked; ``Invalid`` names the first one that is wrong."""
+    if not isinstance(body, dict):
+        raise Invalid("the body must be a JSON object", "invalid_json", None)
+    # Any model name is taken: the loaded engine speaks whichever is named, and OpenAI's
+    # list changes (dated snapshots, deprecations) faster than clients are updated.
+    required_text(body, "model")
+    text = required_text(body, "input")
+    voice = voice_id(body.get("voice"))
+    if len(text) > MAX_INPUT_CHARS:
+        raise Invalid(f"'input' is limited to {MAX_INPUT_CHARS} characters", "text_too_long", "input")
+    fmt = response_format(optional(body, "response_format", "wav"))
+    check_stream_format(optional(body, "stream_format", "audio"))
+    # Taken and ignored, as OpenAI itself does for tts-1: the engines here have no
+    # instruction-following model. A wrong type is still a client's mistake to hear about.
+    if not isinstance(optional(body, "instructions", ""), str):
+        raise Invalid("'instructions' must be a string", "invalid_instructions", "instructions")
+    return OpenAIRequest(text=text, voice=voice, fmt=fmt, speed=speed_of(optional(body, "speed", 1.0)))
+
+
+def engine_voice(engine: Engine, requested: str, default: str) -> str:
+    """The engine's voice for a requested one: OpenAI's names, unless the engine has a voice
+    of that name, speak with the default (``""``: the engine's own, named by the pipeline)."""
+    if requested in OPENAI_VOICES and not engine.has_voice(requested):
+        return default
+    if not engine.has_voice(requested):
+        raise Invalid(f"unknown voice '{requested}'; GET /v1/voices lists them", "unknown_voice", "voice")
+    return requested
+
+
+async def read_body(request: Request) -> bytes | None:
+    """The request body, or None when the client hung up before sending all of it."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        # Ordinary (a cancelled request, a dropped connection): one line, no traceback.
+        log.info("client disconnected before sending the whole request body", extra={"path": request.url.path})
+        return None
 
 
 def wav_header(rate: int) -> bytes:
@@ -46,95 +179,56 @@ def wav_header(rate: int) -> bytes:
     )
 
 
-async def speech(request: Request, service: Service) -> Response:
+# A refusal's HTTP status; everything the engine cannot do just now is a 503.
+_REFUSED_STATUS = {"overloaded": 429, "unknown_voice": 400, "no_voice": 400}
+
+
+async def speech(request: Request, pipeline: Pipeline, default_voice: str) -> Response:
+    raw = await read_body(request)
+    if raw is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    ids = {"request": secrets.token_hex(6)}
     try:
-        body = orjson.loads(await request.body())
+        asked = parse_request(orjson.loads(raw))
+        voice = engine_voice(pipeline.engine(), asked.voice, default_voice)
     except orjson.JSONDecodeError:
+        pipeline.refused(DOOR, "invalid_json", ids, "", "")
         return openai_error(400, "the body must be a JSON object", "invalid_json")
-    if not isinstance(body, dict):
-        return openai_error(400, "the body must be a JSON object", "invalid_json")
-    text, model, voice = body.get("input"), body.get("model"), body.get("voice")
-    fmt = body.get("response_format", "wav")
-    speed = body.get("speed", 1.0)
-    for name, value in (("model", model), ("input", text), ("voice", voice)):
-        if not isinstance(value, str) or not value.strip():
-            return openai_error(400, f"'{name}' is required and must be a non-empty string", "missing_field", name)
-    assert isinstance(text, str) and isinstance(voice, str)
-    if len(text) > MAX_INPUT_CHARS:
-        return openai_error(400, f"'input' is limited to {MAX_INPUT_CHARS} characters", "text_too_long", "input")
-    if fmt not in FORMATS:
-        return openai_error(
-            400, f"response_format {fmt!r} is not supported; use one of {', '.join(FORMATS)}", "invalid_format",
-            "response_format",
-        )
-    if body.get("stream_format", "audio") != "audio":
-        return openai_error(400, "only stream_format 'audio' is supported", "invalid_field", "stream_format")
-    if type(speed) not in (int, float) or not 0.5 <= speed <= 2.0:
-        return openai_error(400, "'speed' must be a number from 0.5 to 2.0", "invalid_speed", "speed")
-    try:
-        engine = service.worker.loaded_engine()
+    except Invalid as e:
+        pipeline.refused(DOOR, e.code, ids, "", "")
+        return openai_error(400, e.message, e.code, e.param)
     except EngineError as e:
+        pipeline.refused(DOOR, e.code, ids, "", "")
         return openai_error(503, e.message, e.code)
-    if voice in OPENAI_VOICES and not engine.has_voice(voice):
-        assert service.defaults is not None
-        voice = service.defaults.voice
-    if not engine.has_voice(voice):
-        return openai_error(400, f"unknown voice {voice!r}; GET /v1/voices lists them", "unknown_voice", "voice")
-    if not service.admission.try_start_utterance():
-        return openai_error(429, "the server is at capacity; try again shortly", "overloaded")
+    settings = StreamSettings(voice=voice, format="pcm_s16le", sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed)
+    try:
+        speech = pipeline.open(UtteranceRequest(DOOR, asked.text, True, settings, ids))
+    except Refused as e:
+        status = _REFUSED_STATUS.get(e.code, 503)
+        return openai_error(status, e.message, e.code, "voice" if e.code in ("unknown_voice", "no_voice") else None)
 
-    key = service.cache.key(engine.name, voice, float(speed), text)
-    hit = service.cache.get(key) if service.cache.enabled else None
-    utterance = None
-    if hit is not None:
-        queue = hit.replay(asyncio.get_running_loop())
-    else:
-        try:
-            utterance = service.worker.submit(SynthesisParams(voice=voice, speed=float(speed)), asyncio.get_running_loop())
-        except EngineError as e:
-            service.admission.end_utterance()
-            return openai_error(503, e.message, e.code)
-        utterance.feed(text, final=True)
-        queue = utterance.queue
+    async def body() -> AsyncIterator[bytes]:
+        if asked.fmt == "wav":
+            yield wav_header(RATE)
+        async for event in speech.events():
+            if isinstance(event, AudioFrame):
+                yield event.data
+            elif isinstance(event, Done):
+                speech.end("done")
+            elif isinstance(event, FailedEvent):
+                speech.end("failed", event.code)
+                # The status line is gone already: the body ends without its last chunk,
+                # which every HTTP client reports as an error; the log has the cause.
+                raise StreamFailed(f"{event.code}: {event.message}")
 
-    released = False
+    headers = {"X-Voxwire-Cached": "1" if speech.figures().cached else "0"}
+    # However the response ends before done (the client went away, the server stops),
+    # the utterance ends as disconnected: end() counts only its first call.
+    return _Stream(body(), media_type=FORMATS[asked.fmt], headers=headers, on_close=lambda: speech.end("disconnected"))
 
-    def release() -> None:
-        nonlocal released
-        # Ended, failed, or the client went away (even before the body began): the
-        # worker stops and the slot frees, exactly once.
-        if utterance is not None and utterance.outcome is None:
-            utterance.cancel()
-        if not released:
-            released = True
-            service.admission.end_utterance()
 
-    async def body_chunks() -> AsyncIterator[bytes]:
-        out = OutputStream(engine.sample_rate, RATE, CHUNK_MS)
-        produced: list[np.ndarray] = []
-        try:
-            if fmt == "wav":
-                yield wav_header(RATE)
-            while True:
-                item = await queue.get()
-                if isinstance(item, np.ndarray):
-                    produced.append(item)
-                    for frame in out.push(item):
-                        yield encode(frame, "pcm_s16le")
-                elif isinstance(item, Finished):
-                    for frame in out.finish():
-                        yield encode(frame, "pcm_s16le")
-                    if utterance is not None and produced:
-                        service.cache.put(key, Entry(np.concatenate(produced), utterance.segments))
-                    return
-                elif isinstance(item, Failed):
-                    # The status line is gone already: end the body; the log has the cause.
-                    raise RuntimeError(f"{item.code}: {item.message}")
-        finally:
-            release()
-
-    headers = {"X-Voxwire-Cached": "1" if hit is not None else "0"}
-    return _Stream(body_chunks(), media_type=FORMATS[fmt], headers=headers, on_close=release)
+class StreamFailed(Exception):
+    """An utterance failed after its body began; raised to abort the response."""
 
 
 class _Stream(StreamingResponse):

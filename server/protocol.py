@@ -49,7 +49,7 @@ SETTING_NAMES = frozenset(f.name for f in fields(StreamSettings))
 
 
 @dataclass(frozen=True)
-class Config:
+class Configure:
     settings: dict[str, Any]
 
 
@@ -71,7 +71,7 @@ class Cancel:
     ctx: str
 
 
-Message = Config | Speak | Flush | Cancel
+Message = Configure | Speak | Flush | Cancel
 
 
 def parse(data: str | bytes) -> Message:
@@ -86,7 +86,7 @@ def parse(data: str | bytes) -> Message:
     try:
         if kind == "config":
             _only(obj, {"type"} | SETTING_NAMES)
-            return Config(settings=validate_settings(obj))
+            return Configure(settings=validate_settings(obj))
         if kind == "speak":
             _only(obj, {"type", "ctx", "text", "final"} | SETTING_NAMES)
             text = obj.get("text", "")
@@ -184,7 +184,7 @@ def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply(settings: StreamSettings, overrides: dict[str, Any]) -> StreamSettings:
+def with_overrides(settings: StreamSettings, overrides: dict[str, Any]) -> StreamSettings:
     return replace(settings, **overrides) if overrides else settings
 
 

@@ -49,13 +49,33 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
+SEND_BUFFER_BYTES = 64 * 1024
+"""The kernel send buffer of each client connection (Linux doubles it for bookkeeping).
+Without a cap the kernel grows it to megabytes for a client that stops reading, which is
+then audio computed far ahead of what anyone hears: 93 s of it was measured before this.
+Set on the listening socket, it is inherited by every connection accepted from it."""
+
+
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # --workers: every process binds the same port; the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+    sock.bind((host, port))
+    return sock
+
+
 def serve(
     app: Starlette, host: str, port: int, log_level: str = "info", sockets: list[socket.socket] | None = None
 ) -> None:
     service: Service = app.state.service
     limits = service.config.limits
+    sockets = sockets or [listening_socket(host, port)]
     config = uvicorn.Config(
         app, host=host, port=port, ws_max_size=limits.max_message_bytes, log_level=log_level, lifespan="on",
         timeout_graceful_shutdown=5, log_config=None,  # our handler and format (server/logs.py)
+        proxy_headers=True, forwarded_allow_ips=service.config.forwarded_allow_ips,
     )
     DrainingServer(config, service, service.config.drain_seconds).run(sockets=sockets)

@@ -1,30 +1,31 @@
-"""What every connection shares: the supervised worker, admission, defaults, and the
-list of open sessions that a graceful shutdown drains."""
+"""What every connection shares: the supervised worker, the utterance pipeline (with
+admission, the result cache and accounting), the session defaults, and the open
+connections that a graceful shutdown drains."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from engine.base import EngineError
 from engine.registry import engine_factory
 from engine.supervisor import Supervisor
 from engine.worker import Worker
-from server.config import ServerConfig
-from server.limits import Admission
+from server.accounting import Accounting
 from server.cache import ResultCache
-from server.metrics import Metrics
+from server.config import ServerConfig
+from server.limits import WORKER_INDEX_ENV, Admission, admission_for_process
+from server.metrics import Metrics, Snapshot
+from server.pipeline import Pipeline
 from server.protocol import StreamSettings
-
-if TYPE_CHECKING:
-    from server.session import Session
 
 log = logging.getLogger(__name__)
 
-CloseSocket = Callable[[int, str], Awaitable[None]]
+Shutdown = Callable[[], Awaitable[None]]
+"""Ends one connection at the drain deadline: tells its client, then closes it (1001)."""
 
 
 class StartupError(Exception):
@@ -33,28 +34,50 @@ class StartupError(Exception):
 
 
 class Service:
-    def __init__(self, config: ServerConfig, make_worker: Callable[[], Worker] | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, make_worker: Callable[[], Worker] | None = None, admission: Admission | None = None
+    ) -> None:
         self.config = config
-        self.admission = Admission(config.limits)
+        self.admission = admission or admission_for_process(config.limits)
         factory = engine_factory(config.engine)
         base = make_worker or (lambda: Worker(factory, max_queue_seconds=config.limits.max_queue_seconds))
-        self.metrics = Metrics(self)
+        self.metrics = Metrics(self.snapshot, worker=os.environ.get(WORKER_INDEX_ENV, "0"))
         self.cache = ResultCache(int(config.cache_mb * 1024 * 1024))
 
         def make() -> Worker:
             worker = base()
-            worker.on_step = self.metrics.step_seconds.observe
+            worker.on_step = self.metrics.on_step
             return worker
 
         self.supervisor = Supervisor(make, step_timeout=config.step_timeout)
+        self.supervisor.on_restart = self.metrics.restarts.labels(self.metrics.worker).inc
+        key = config.log_digest_key.encode() if config.log_digest_key else None
+        self.pipeline = Pipeline(
+            lambda: self.supervisor.worker, self.admission, self.cache, Accounting(self.metrics, config.log_text, key),
+            lambda: self.draining,
+        )
         self.defaults: StreamSettings | None = None
         self.draining = False
-        self.sessions: dict[Session, CloseSocket] = {}
+        self.connections: dict[object, Shutdown] = {}
+        self._refresher: asyncio.Task[None] | None = None
 
     @property
     def worker(self) -> Worker:
         """The current worker; the supervisor may have replaced the one from a minute ago."""
         return self.supervisor.worker
+
+    def snapshot(self) -> Snapshot:
+        worker = self.worker
+        utterances = worker.utterances()
+        rate = worker.engine.sample_rate if worker.engine else 1
+        return Snapshot(
+            connections=self.admission.connections,
+            active_utterances=self.admission.utterances,
+            worker_utterances=len(utterances),
+            queued_audio_seconds=sum(u.queue.samples for u in utterances) / rate,
+            ready=self.ready(),
+            cache_bytes=self.cache.bytes,
+        )
 
     def load(self) -> None:
         """Load the engine and settle the session defaults against it, on this thread.
@@ -72,13 +95,13 @@ class Service:
             self.supervisor.stop()
             raise StartupError(f"the {self.config.engine.name} engine failed to load; see the log above ({e})") from None
         voices = engine.voices()
-        voice = self.config.default_voice or (voices[0].id if voices else "")
-        if self.config.default_voice and not engine.has_voice(voice):
+        voice = self.config.default_voice
+        if voice and not engine.has_voice(voice):
             self.supervisor.stop()
             known = ", ".join(v.id for v in voices) or "none yet"
             raise StartupError(f"--voice {voice!r} is not a voice of the {engine.name} engine (its voices: {known})")
         self.defaults = StreamSettings(
-            voice=voice,
+            voice=voice or "",  # "": the engine's default voice, as it is when a request comes
             format=self.config.default_format,
             sample_rate=self.config.default_sample_rate or engine.sample_rate,
             chunk_ms=self.config.default_chunk_ms,
@@ -88,9 +111,12 @@ class Service:
     async def start(self) -> None:
         self.metrics.bind_loop(asyncio.get_running_loop())
         await asyncio.to_thread(self.load)
+        self._refresher = asyncio.create_task(self.metrics.refresh_every(), name="metrics-refresh")
 
     def stop(self) -> None:
         self.draining = True
+        if self._refresher is not None:
+            self._refresher.cancel()
         self.supervisor.stop()
 
     def ready(self) -> bool:
@@ -102,13 +128,17 @@ class Service:
         close every socket with 1001 (going away)."""
         self.draining = True
         end = time.monotonic() + deadline_seconds
-        while self.admission.utterances > 0 and time.monotonic() < end:
+        # This process's own utterances: another worker's are its own to drain.
+        while self.pipeline.open_speeches and time.monotonic() < end:
             await asyncio.sleep(0.05)
-        if self.admission.utterances > 0:
-            log.warning("shutdown deadline reached with %d utterances in flight", self.admission.utterances)
-        for session, close in list(self.sessions.items()):
+        if self.pipeline.open_speeches:
+            log.warning("shutdown deadline reached with %d utterances in flight", len(self.pipeline.open_speeches))
+        # Every utterance still open fails now, whichever door it came through: a socket
+        # is told why, and an HTTP body ends without its last chunk (docs/reliability.md).
+        self.pipeline.abort_all("shutting_down", "the server is shutting down")
+        await asyncio.sleep(0)
+        for shutdown in list(self.connections.values()):
             try:
-                await session.fail_all("shutting_down", "the server is shutting down")
-                await close(1001, "the server is shutting down")
+                await shutdown()
             except Exception:
                 log.debug("socket already closed", exc_info=True)

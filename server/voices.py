@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 
 import numpy as np
 import soundfile
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from engine.base import EngineError
-from server.service import Service
+from engine.base import Engine, EngineError
+from engine.worker import Worker
+from server.cache import ResultCache
+
+log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024
 MAX_TRANSCRIPT_CHARS = 2000
@@ -27,6 +31,7 @@ _STATUS = {
     "engine_restarted": 503,
     "engine_timeout": 503,
     "upload_too_large": 413,
+    "voice_exists": 409,
 }
 
 
@@ -38,20 +43,35 @@ def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
     """Any format libsndfile reads, to float32 mono."""
     try:
         audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
-        raise EngineError("bad_audio", f"the upload is not audio that can be decoded: {e}") from None
+    except (soundfile.LibsndfileError, RuntimeError, TypeError):
+        # libsndfile's text names internal objects; the person needs to know what to send.
+        raise EngineError(
+            "bad_audio", "the upload is not audio that can be decoded (send WAV, FLAC, OGG or MP3)"
+        ) from None
     if audio.size == 0:
         raise EngineError("bad_audio", "the upload holds no samples")
     return audio.mean(axis=1).astype(np.float32), int(rate)
 
 
-def list_voices(service: Service) -> JSONResponse:
-    assert service.defaults is not None
-    engine = service.worker.loaded_engine()
-    return JSONResponse({"voices": [v.to_dict() for v in engine.voices()], "default": service.defaults.voice})
+async def cannot_clone(request: Request, engine: Engine) -> Response:
+    """501 for an engine that cannot clone, before anything is decoded. The body is read
+    and dropped first (within the upload limit): a proxy still sending it would otherwise
+    see the connection close and answer its client 502 instead of this."""
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit() or int(length) <= MAX_UPLOAD_BYTES:
+        try:
+            async for _ in request.stream():
+                pass
+        except ClientDisconnect:
+            return Response(status_code=499)
+    return error("voice_registration_unsupported", f"the {engine.name} engine cannot clone voices")
 
 
-async def register_voice(request: Request, service: Service) -> Response:
+def list_voices(engine: Engine, default: str | None) -> JSONResponse:
+    return JSONResponse({"voices": [v.to_dict() for v in engine.voices()], "default": default})
+
+
+async def register_voice(request: Request, worker: Worker, cache: ResultCache) -> Response:
     """multipart/form-data: ``audio`` (a file), ``transcript`` (what it says), ``name``."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_UPLOAD_BYTES:
@@ -60,8 +80,13 @@ async def register_voice(request: Request, service: Service) -> Response:
         return error("bad_request", "send multipart/form-data with fields audio, transcript and name")
     try:
         form = await request.form(max_files=1, max_fields=4, max_part_size=MAX_UPLOAD_BYTES)
-    except Exception as e:  # the multipart parser's errors have no common base
-        return error("bad_request", f"the form could not be read: {e}")
+    except ClientDisconnect:
+        # Ordinary (a cancelled upload, a dropped connection): one line, no traceback, and
+        # no answer, as nobody is left to read it (499 is nginx's status for this; never sent).
+        log.info("client disconnected before sending the whole request body", extra={"path": request.url.path})
+        return Response(status_code=499)
+    except Exception:  # the multipart parser's errors have no common base
+        return error("bad_request", "the form could not be read as multipart/form-data")
     upload = form.get("audio")
     transcript = form.get("transcript", "")
     name = form.get("name", "")
@@ -76,11 +101,11 @@ async def register_voice(request: Request, service: Service) -> Response:
         return error("upload_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
     try:
         audio, rate = decode_audio(data)
-        worker = service.worker
-        existed = {v.id for v in worker.loaded_engine().voices()}
-        voice = await asyncio.wrap_future(worker.call(lambda e: e.register_voice(audio, rate, transcript, name)))
+        registered = await asyncio.wrap_future(worker.call(lambda e: e.register_voice(audio, rate, transcript, name)))
     except EngineError as e:
         return error(e.code, e.message)
-    # Whatever was cached under this id was made from what it was before.
-    service.cache.invalidate_voice(voice.id)
-    return JSONResponse({**voice.to_dict(), "cached": voice.id in existed}, status_code=200 if voice.id in existed else 201)
+    voice = registered.voice
+    if registered.created:
+        # Whatever was cached under this id was made from what it was before.
+        cache.invalidate_voice(voice.id)
+    return JSONResponse({**voice.to_dict(), "cached": not registered.created}, status_code=201 if registered.created else 200)

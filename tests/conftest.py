@@ -26,6 +26,7 @@ from engine.worker import Worker
 from server.app import create_app
 from server.config import ServerConfig
 from server.limits import Limits
+from server.run import listening_socket
 from server.service import Service
 
 
@@ -62,16 +63,18 @@ def run_server(config: ServerConfig, engine: Callable[[], Engine] | None = None)
     read the worker's counters while talking to it over real sockets."""
     make_worker = (lambda: Worker(engine, max_queue_seconds=config.limits.max_queue_seconds)) if engine else None
     app = create_app(config, make_worker)
-    port = free_port()
+    # The socket the server makes for itself (server/run.py), with its capped send buffer.
+    sock = listening_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(
             app, host="127.0.0.1", port=port, ws_max_size=config.limits.max_message_bytes,
             log_level="warning", lifespan="on",
         )
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    for _ in range(600):
+    for _ in range(2400):  # two minutes: loading the engine on a busy 2-core machine
         if server.started or not thread.is_alive():
             break
         threading.Event().wait(0.05)
@@ -105,7 +108,7 @@ def tone_server() -> Iterator[RunningServer]:
 @pytest.fixture(scope="session")
 def cosyvoice_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """CosyVoice2 on a tiny random-weight model directory in the released layout."""
-    from tests.fixtures.cosyvoice2_tiny import make_tiny_model_dir
+    from engine.cosyvoice2.tiny import make_tiny_model_dir
 
     model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("cv2_server"))
     options = EngineOptions(

@@ -2,6 +2,10 @@
 // It needs no configuration: it talks to /v1/stream on the host that served it
 // (or to ?url=ws://…, with ?token=KEY for a server with API keys). Tests read
 // window.voxwireDemo.
+//
+// Every figure is the current run's (the last Speak's), even while it waits behind an
+// earlier one or after Stop: the player counts each utterance from its own first sample
+// (player.progress), so no run's figures include another's.
 
 import { Voxwire, Player, defaultUrl } from './index.js';
 import { drawTimeline } from './timeline.js';
@@ -13,13 +17,28 @@ const player = new Player();
 const query = new URLSearchParams(location.search);
 const url = query.get('url') || defaultUrl();
 // The context's own rate (within 8–48 kHz), so the browser resamples nothing. A server
-// started with API keys wants one: open the page with ?token=KEY.
-const vx = new Voxwire(url, { format: 'pcm_s16le', sampleRate: player.streamRate, token: query.get('token') || undefined });
+// started with API keys wants one: open the page with ?token=KEY. A lost connection is
+// reopened by the client, so the next Speak finds one.
+const vx = new Voxwire(url, {
+  format: 'pcm_s16le', sampleRate: player.streamRate, token: query.get('token') || undefined, reconnect: true,
+});
 
 const demo = { vx, player, runs: [], current: null, speak };
 window.voxwireDemo = demo;
 
-function setState(state) { document.body.dataset.state = state; }
+let link = 'connecting'; // then 'open'; 'lost' while reconnecting; 'closed' if the client gave up
+let broken = false; // audio cannot play here, or the first connect failed
+
+// body[data-state], for CSS and tests: worked out afresh from what the player still has
+// and from the connection, so that no handler running early, or for an older run, can
+// leave it behind.
+function updateState() {
+  let state = link === 'open' ? 'idle' : 'connecting';
+  if (broken || link === 'closed') state = 'error';
+  else if (player.pending > 0) state = 'speaking';
+  else if (link === 'lost') state = 'reconnecting';
+  document.body.dataset.state = state;
+}
 
 function showError(err) {
   const box = $('error');
@@ -29,19 +48,45 @@ function showError(err) {
 
 function clearError() { $('error').hidden = true; }
 
+// On every `ready`: the first connection's, and each reconnection's.
+vx.on('ready', (ready) => {
+  link = 'open';
+  const select = $('voice');
+  const chosen = select.value || ready.defaults?.voice; // a reconnection keeps the listener's choice
+  select.replaceChildren(...vx.voices.map((v) => new Option(v.name || v.id, v.id, false, v.id === chosen)));
+  select.disabled = false;
+  $('speak').disabled = false;
+  $('status').textContent = `${ready.engine} · ${vx.voices.length} voice${vx.voices.length === 1 ? '' : 's'} · ${url}`;
+  updateState();
+});
+
+const closeText = (err) => `${err.closeCode}${err.reason ? `: ${err.reason}` : ''}`;
+
+// A connection that worked is lost (a server restart, a network drop): say so now, not at
+// the next Speak. The client then schedules a reconnect ('reconnecting', in this same
+// task), unless retrying cannot help (a refused key); a Speak meanwhile connects at once.
+vx.on('close', (err) => {
+  if (link === 'connecting') return; // the first connect failed: connect() says so
+  link = 'closed';
+  $('status').textContent = `connection lost (${closeText(err)})`;
+  updateState();
+});
+
+vx.on('reconnecting', ({ attempt, delayMs, error }) => {
+  link = 'lost';
+  const again = attempt > 1 ? `, attempt ${attempt}` : '';
+  $('status').textContent = `connection lost (${closeText(error)}): reconnecting in ${(delayMs / 1000).toFixed(1)} s${again}…`;
+  updateState();
+});
+
 async function connect() {
   try {
-    const ready = await vx.ready;
-    const select = $('voice');
-    select.replaceChildren(...vx.voices.map((v) => new Option(v.name || v.id, v.id, false, v.id === ready.defaults?.voice)));
-    select.disabled = false;
-    $('speak').disabled = false;
-    $('status').textContent = `${ready.engine} · ${vx.voices.length} voice${vx.voices.length === 1 ? '' : 's'} · ${url}`;
-    setState('idle');
+    await vx.ready; // the 'ready' listener fills the page in
   } catch (err) {
     $('status').textContent = `not connected to ${url}`;
     showError(err);
-    setState('error');
+    broken = true;
+    updateState();
   }
 }
 
@@ -49,11 +94,10 @@ async function connect() {
 function speak(text, { voice = $('voice').value, words = $('stream-words').checked } = {}) {
   clearError();
   const clickAt = performance.now();
-  player.start().catch((err) => { showError(err); setState('error'); });
+  player.start().catch((err) => { showError(err); broken = true; updateState(); });
   const run = {
     text, voice, streamed: words, pieces: 0, clickAt, ctx: null, started: null, done: null, error: null,
-    result: null, ttfaMs: null, ttfsMs: null, playedAtClick: player.stats.played,
-    arrivals: [], played: [], stalls: [],
+    result: null, ttfaMs: null, ttfsMs: null, arrivals: [], played: [], stalls: [],
   };
   let u;
   if (words) {
@@ -86,15 +130,15 @@ function speak(text, { voice = $('voice').value, words = $('stream-words').check
     });
   const finished = player.play(u).then((result) => {
     run.result = result;
-    if (demo.current === run) setState(player.stats.state === 'idle' ? 'idle' : 'speaking');
+    updateState();
     render();
     return result;
   });
   run.finished = finished;
   demo.runs.push(run);
   demo.current = run;
-  setState('speaking');
-  $('stop').disabled = false;
+  updateState();
+  render(); // the figures are this run's from now on: zero until it plays
   return run;
 }
 
@@ -104,14 +148,15 @@ player.on('playing', (u) => {
 });
 
 let drawn = false;
-player.on('stats', (s) => {
+player.on('stats', () => {
   const run = demo.current;
   if (run && !run.result) {
+    const p = player.progress(run.u); // this run's own samples: nothing while it waits its turn
     const t = performance.now() - run.clickAt;
-    run.played.push({ t, ms: ((s.played - run.playedAtClick) / player.sampleRate) * 1000 });
+    run.played.push({ t, ms: (p.played / player.sampleRate) * 1000 });
     const open = run.stalls.at(-1);
-    if (s.state === 'stalled' && !(open && open.to === null)) run.stalls.push({ from: t, to: null });
-    if (s.state !== 'stalled' && open && open.to === null) open.to = t;
+    if (p.state === 'stalled' && !(open && open.to === null)) run.stalls.push({ from: t, to: null });
+    if (p.state !== 'stalled' && open && open.to === null) open.to = t;
   }
   if (!drawn) {
     drawn = true;
@@ -119,26 +164,28 @@ player.on('stats', (s) => {
   }
 });
 
-player.on('error', (err) => { showError(err); setState('error'); });
+player.on('error', (err) => {
+  showError(err);
+  broken = true;
+  updateState();
+});
 
 function fmtMs(v) { return v === null || v === undefined ? '–' : `${Math.round(v)} ms`; }
 
 function render() {
-  const s = player.stats;
   const run = demo.current;
+  const p = run ? player.progress(run.u) : null; // the current run's, from its own first sample
+  const ms = (samples) => (samples / player.sampleRate) * 1000;
   $('ttfa').textContent = fmtMs(run?.ttfaMs);
   $('ttfs').textContent = fmtMs(run?.ttfsMs);
   $('server-ttfa').textContent = fmtMs(run?.done?.ttfa_ms);
-  $('buffered').textContent = fmtMs(s.bufferedMs);
-  $('underruns').textContent = `${s.underruns}${s.stallMs ? ` (${Math.round(s.stallMs)} ms)` : ''}`;
-  // Since the last Speak (the worklet's counter, less what it had played before the click).
-  const played = s.played - (run?.playedAtClick ?? 0);
-  $('played').textContent = `${played.toLocaleString('en')} (${(played / player.sampleRate).toFixed(2)} s)`;
-  $('played').title = `${s.played.toLocaleString('en')} samples since the page opened`;
+  $('buffered').textContent = p ? fmtMs(ms(p.buffered)) : '–';
+  $('underruns').textContent = p ? `${p.underruns}${p.stalledSamples ? ` (${Math.round(ms(p.stalledSamples))} ms)` : ''}` : '–';
+  $('played').textContent = p ? `${p.played.toLocaleString('en')} (${(p.played / player.sampleRate).toFixed(2)} s)` : '–';
   $('chunks').textContent = run ? String(run.arrivals.length) : '–';
   const rate = run?.started?.sample_rate;
   $('rates').textContent = `${rate ? `${rate} → ` : ''}${player.sampleRate} Hz`;
-  $('stop').disabled = s.state === 'idle' && !(run && !run.result);
+  $('stop').disabled = player.pending === 0;
   if (run) {
     const stalls = run.stalls.map((x) => ({ from: x.from, to: x.to ?? performance.now() - run.clickAt }));
     drawTimeline($('timeline'), { ...run, stalls });
@@ -149,7 +196,7 @@ $('speak').addEventListener('click', () => speak($('text').value));
 $('stop').addEventListener('click', () => {
   player.stop();
   demo.stoppedAt = { time: performance.now(), played: player.stats.played };
-  setState('idle');
+  updateState();
   render();
 });
 

@@ -4,7 +4,8 @@
 // now playing has audio in the worklet; the next one's audio waits here until the worklet
 // reports that the previous one has played out. So dropping one (cancel, stop) never
 // touches another, and the worklet's counters, read when an utterance begins and ends,
-// say exactly how many samples it played. Within an utterance, samples are contiguous.
+// say exactly how many samples it played (and, while it plays, how many so far: progress()).
+// Within an utterance, samples are contiguous.
 
 import { Emitter } from './emitter.js';
 import { Resampler } from './resampler.js';
@@ -30,6 +31,7 @@ export class Player extends Emitter {
     this._pending = []; // messages for the worklet, until it exists
     this._queue = []; // entries not yet played out, the one playing first
     this._dropped = new Map(); // id -> entry dropped while live, until the worklet confirms
+    this._entries = new WeakMap(); // utterance -> its entry, for progress()
     this._ids = 0;
   }
 
@@ -42,6 +44,41 @@ export class Player extends Emitter {
    * 48 kHz, and this player's resampler does the rest.
    */
   get streamRate() { return Math.min(MAX_SAMPLE_RATE, Math.max(MIN_SAMPLE_RATE, this.sampleRate)); }
+
+  /** How many utterances given to play() are playing or waiting to (dropped ones are not). */
+  get pending() { return this._queue.length; }
+
+  /**
+   * What the player has done with `u` so far, counted from its own first sample, so that
+   * one utterance's figures never include another's: {state, played, underruns,
+   * stalledSamples, buffered}. `buffered`: its samples received and not played yet. `state`:
+   * 'queued' (behind another), then the worklet's ('buffering', 'playing', 'stalled') while
+   * it plays, then 'done' or 'dropped'. Null for an utterance never given to play().
+   */
+  progress(u) {
+    const entry = this._entries.get(u);
+    if (!entry) return null;
+    if (entry.result) {
+      const { played, underruns, stalledSamples, dropped } = entry.result;
+      return { state: dropped ? 'dropped' : 'done', played, underruns, stalledSamples, buffered: 0 };
+    }
+    if (!entry.live || !entry.base) {
+      // Not begun in the worklet yet: the counters there are still another utterance's.
+      const held = entry.held.reduce((n, samples) => n + samples.length, 0);
+      const state = entry.dropped ? 'dropped' : entry.live ? 'buffering' : 'queued';
+      return { state, played: 0, underruns: 0, stalledSamples: 0, buffered: held };
+    }
+    // Begun: the worklet holds this utterance's audio and nobody else's.
+    const s = this.stats;
+    const { base } = entry;
+    return {
+      state: entry.dropped ? 'dropped' : s.state === 'idle' ? 'buffering' : s.state, // idle: no audio yet
+      played: s.played - base.played,
+      underruns: s.underruns - base.underruns,
+      stalledSamples: s.stalledSamples - base.stalledSamples,
+      buffered: s.buffered,
+    };
+  }
 
   /** Resume the context and load the worklet. Call it from a click (autoplay policies). */
   start() {
@@ -78,6 +115,7 @@ export class Player extends Emitter {
       base: null, firstSoundAt: null,
     };
     entry.finished = new Promise((resolve, reject) => { entry.resolve = resolve; entry.reject = reject; });
+    this._entries.set(u, entry);
     const onAudio = (a) => this._audio(entry, a);
     const onEnd = () => this._complete(entry);
     const onCancel = () => this._drop(entry);
@@ -166,13 +204,14 @@ export class Player extends Emitter {
   _settle(entry, end) {
     const base = entry.base ?? end;
     const delta = (key) => (end && base ? end[key] - base[key] : 0);
-    entry.resolve({
+    entry.result = {
       played: delta('played'),
       underruns: delta('underruns'),
       stalledSamples: delta('stalledSamples'),
       dropped: entry.dropped,
       firstSoundAt: entry.firstSoundAt,
-    });
+    };
+    entry.resolve(entry.result);
   }
 
   _failAll(err) {

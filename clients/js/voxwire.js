@@ -21,6 +21,9 @@ const TOKEN_PREFIX = 'voxwire.token.';
 export const MIN_SAMPLE_RATE = 8000;
 export const MAX_SAMPLE_RATE = 48000;
 
+const CLOSE_POLICY = 1008; // the server refused the API key (or the page's origin): retrying cannot help
+const RECONNECT = { minMs: 500, maxMs: 15000 };
+
 /** A server `error`, or a client-side failure ("closed", "connect_failed"), with a stable `code`. */
 export class VoxwireError extends Error {
   constructor(code, message, extra = {}) {
@@ -53,12 +56,13 @@ export class Voxwire extends Emitter {
   /**
    * @param {string} [url] the server's /v1/stream URL; default: this page's host.
    * @param {object} [opts] default stream settings for every utterance (voice, format,
-   *   sampleRate, chunkMs, speed); `token`, an API key for a server that wants one; and
-   *   `WebSocket` (an implementation, outside browsers).
+   *   sampleRate, chunkMs, speed); `token`, an API key for a server that wants one;
+   *   `reconnect` (true, or {minMs, maxMs}): reopen a lost connection by itself, with a
+   *   growing delay between attempts; and `WebSocket` (an implementation, outside browsers).
    */
   constructor(url = defaultUrl(), opts = {}) {
     super();
-    const { WebSocket: Impl = globalThis.WebSocket, token, ...settings } = opts;
+    const { WebSocket: Impl = globalThis.WebSocket, token, reconnect = false, ...settings } = opts;
     this.url = url;
     // Browsers cannot set headers on a WebSocket: the key rides as a subprotocol beside
     // voxwire.v1 (docs/protocol.md, Authentication); the server answers only voxwire.v1.
@@ -73,6 +77,9 @@ export class Voxwire extends Emitter {
     this._outbox = [];
     this._live = new Map(); // ctx -> Utterance
     this._next = 0;
+    this._backoff = reconnect ? { ...RECONNECT, ...(reconnect === true ? {} : reconnect) } : null;
+    this._retry = null; // {attempt, delayMs, timer}: from a lost connection until one is ready again
+    this._closing = false; // close() was called: the socket's end is wanted, not a loss
   }
 
   /** Open the socket if it is not open; resolves with the server's `ready` message. */
@@ -94,7 +101,10 @@ export class Voxwire extends Emitter {
           `the connection to ${this.url} closed (${e.code}${e.reason ? `: ${e.reason}` : ''})`,
           { closeCode: e.code, reason: e.reason });
         if (!opened) reject(err);
+        const wanted = this._closing;
+        this._closing = false;
         this._closed(err);
+        if (!wanted) this._reconnectLater(err, opened);
       };
     });
     this._ready.catch(() => {}); // a failed connect is reported to the utterances waiting on it
@@ -121,9 +131,16 @@ export class Voxwire extends Emitter {
     return u;
   }
 
-  /** Close the socket; live utterances end with a "closed" error. */
+  /** Close the socket; live utterances end with a "closed" error. No reconnect follows. */
   close(code = 1000) {
+    this._stopReconnecting();
+    this._closing = this._ws !== null;
     this._ws?.close(code);
+  }
+
+  /** While reconnecting (from a lost connection until one is ready): {attempt, delayMs}; else null. */
+  get reconnecting() {
+    return this._retry && { attempt: this._retry.attempt, delayMs: this._retry.delayMs };
   }
 
   _open(settings) {
@@ -152,6 +169,7 @@ export class Voxwire extends Emitter {
       this.info = m;
       this.voices = m.voices ?? [];
       this.serverDefaults = m.defaults ?? null;
+      this._stopReconnecting();
       this._resolveReady(m);
       this.emit('ready', m);
       return;
@@ -173,6 +191,29 @@ export class Voxwire extends Emitter {
     this._outbox = [];
     for (const u of [...this._live.values()]) u._fail(err);
     this.emit('close', err);
+  }
+
+  // With `reconnect`: after a connection that was ready is lost, and after each attempt
+  // that fails since, try again after a delay that doubles up to maxMs. A first connect
+  // that fails is the caller's to retry (its `ready` rejected), and a refused key stays
+  // refused. Any connect() meanwhile (an utterance, say) is an attempt like the others.
+  _reconnectLater(err, wasReady) {
+    if (!this._backoff || !(wasReady || this._retry) || err.closeCode === CLOSE_POLICY) {
+      this._stopReconnecting();
+      return;
+    }
+    const attempt = (this._retry?.attempt ?? 0) + 1;
+    const cap = Math.min(this._backoff.maxMs, this._backoff.minMs * 2 ** (attempt - 1));
+    // Between half the cap and all of it: clients dropped together do not all return at once.
+    const delayMs = Math.round(cap / 2 + (Math.random() * cap) / 2);
+    this._stopReconnecting();
+    this._retry = { attempt, delayMs, timer: setTimeout(() => this.connect(), delayMs) };
+    this.emit('reconnecting', { attempt, delayMs, error: err });
+  }
+
+  _stopReconnecting() {
+    if (this._retry) clearTimeout(this._retry.timer);
+    this._retry = null;
   }
 }
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cache import TimeCache
-from .config import EncoderConfig
+from .model_config import EncoderConfig
 
 
 def chunk_mask(q_start: int, n_q: int, n_k: int, chunk: int | None, device: torch.device) -> Tensor | None:

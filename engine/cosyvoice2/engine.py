@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..base import Engine, EngineError, SynthesisParams, Voice
-from .config import ConfigError
+from ..base import Engine, EngineError, Registered, SynthesisParams, Voice
+from ..threads import configure_cpu_threads
 from .frontend import Frontend, Prompt
+from .model_config import ConfigError
 from .pipeline import Stats, synthesize_ids
 from .text import normalize_text, split_ids
 from .tokenizer import load_tokenizer
@@ -48,11 +49,12 @@ class CosyVoice2Engine(Engine):
         seed: int | None = None,
         cpu_threads: int | None = None,
     ) -> None:
-        """``cpu_threads`` sets torch's (process-wide) intra-op threads; 1 is much faster
-        for the tiny test model on a loaded machine, where spinning threads contend."""
+        """``cpu_threads`` sets torch's (process-wide) intra-op threads (engine/threads.py);
+        1 is much faster for the tiny test model on a loaded machine, where threads contend.
+        Without it torch keeps its own count."""
         model_dir = Path(model_dir)
         if cpu_threads is not None:
-            torch.set_num_threads(cpu_threads)
+            configure_cpu_threads(cpu_threads)
         missing = missing_files(model_dir)
         if missing:
             raise EngineError(
@@ -102,20 +104,29 @@ class CosyVoice2Engine(Engine):
     def has_voice(self, voice_id: str) -> bool:
         return self.store.get(voice_id) is not None
 
-    def register_voice(self, audio: np.ndarray, sample_rate: int, transcript: str, name: str) -> Voice:
-        """Run the frontend once per distinct (audio, transcript); store the result."""
+    def register_voice(self, audio: np.ndarray, sample_rate: int, transcript: str, name: str) -> Registered:
+        """Run the frontend once per distinct (audio, transcript); store the result. A
+        known content under another name is refused: a name is not changed behind the
+        backs of those who use it."""
         if not isinstance(audio, np.ndarray):
             raise EngineError("bad_audio", "the reference audio must be a numpy array")
         voice_id = content_id(audio, int(sample_rate), transcript or "")
+        name = (name or "").strip()[:100]
         known = self.store.get(voice_id)
-        if known is not None:
-            return self._voice(known)
-        prompt = self.frontend.extract(audio, int(sample_rate), transcript)
-        self.stats.frontend_runs += 1
-        name = (name or "").strip()[:100] or voice_id
-        stored = StoredVoice(voice_id, name, prompt, transcript.strip())
-        self.store.add(stored)
-        return self._voice(stored)
+        if known is None:
+            prompt = self.frontend.extract(audio, int(sample_rate), transcript)
+            self.stats.frontend_runs += 1
+            stored = self.store.add(StoredVoice(voice_id, name or voice_id, prompt, transcript.strip()))
+            if stored.prompt is prompt:
+                return Registered(self._voice(stored), created=True)
+            known = stored  # another registration of the same content won the race
+        if name and name != known.name:
+            raise EngineError(
+                "voice_exists",
+                f"this audio and transcript are already registered as {known.name!r} (id {known.id}); "
+                "use that voice, or register other audio under the new name",
+            )
+        return Registered(self._voice(known), created=False)
 
     # ------------------------------------------------------------------ synthesis
 
@@ -148,17 +159,6 @@ class CosyVoice2Engine(Engine):
                 self.stats.utterances_finished += 1
             else:
                 self.stats.utterances_closed += 1
-
-    def synthesize_tokens(
-        self, text: str, voice: str, *, n_tokens: int, speed: float = 1.0, seed: int = 0
-    ) -> Iterator[np.ndarray]:
-        """Like ``synthesize`` but the LM emits exactly ``n_tokens`` speech tokens
-        (stop tokens are masked until then): for benchmarks with fixed lengths."""
-        stored = self.store.get(voice)
-        if stored is None:
-            raise EngineError("unknown_voice", f"no CosyVoice2 voice {voice!r}")
-        ids = self.tokenizer.encode(normalize_text(text))
-        return self._stream(stored.prompt, ids, speed, seed, min_tokens=n_tokens, max_tokens=n_tokens)
 
     def warmup(self) -> None:
         voices = self.store.all()

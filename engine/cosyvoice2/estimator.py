@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cache import TimeCache
-from .config import ConfigError, EstimatorConfig
 from .encoder import chunk_mask
+from .model_config import ConfigError, EstimatorConfig
 
 
 class StepState:

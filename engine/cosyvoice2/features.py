@@ -8,7 +8,7 @@ import torch
 import torchaudio
 from torch import Tensor
 
-from .config import MelConfig
+from .model_config import MelConfig
 
 
 @functools.lru_cache(maxsize=8)

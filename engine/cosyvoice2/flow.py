@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import CFMConfig, FlowConfig
 from .encoder import EncoderState, UpsampleConformerEncoder
 from .estimator import CausalConditionalDecoder, StepState
+from .model_config import CFMConfig, FlowConfig
 
 
 def fixed_noise(cfg: CFMConfig, channels: int) -> Tensor:

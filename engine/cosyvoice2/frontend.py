@@ -17,8 +17,9 @@ import torch
 import torchaudio
 
 from ..base import EngineError
-from .config import CosyVoice2Config
+from ..threads import onnx_session_options
 from .features import kaldi_fbank, matcha_mel, whisper_log_mel
+from .model_config import CosyVoice2Config
 from .text import normalize_text
 from .tokenizer import TextTokenizer
 
@@ -39,9 +40,8 @@ class Prompt:
 
 
 def _session(path: Path) -> onnxruntime.InferenceSession:
-    options = onnxruntime.SessionOptions()
+    options = onnx_session_options(threads=1)  # engine/threads.py
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = 1
     return onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 

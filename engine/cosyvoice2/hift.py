@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import HiFTConfig
+from .model_config import HiFTConfig
 
 
 def _padding(kernel: int, dilation: int = 1) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from .config import LMConfig
+from .model_config import LMConfig
 from .qwen2 import KVCache, Qwen2ForCausalLM
 from .sampling import RasSampler
 

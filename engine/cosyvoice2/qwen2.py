@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import QwenConfig
+from .model_config import QwenConfig
 
 
 class KVCache:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .config import SamplingConfig
+from .model_config import SamplingConfig
 
 
 def nucleus_keep(probs: Tensor, top_p: float, top_k: int) -> tuple[Tensor, Tensor]:

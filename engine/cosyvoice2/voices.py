@@ -7,6 +7,9 @@ voice is ``<id>.npz`` (arrays) + ``<id>.json`` (metadata), written atomically.
 
 Several server processes (``--workers``) may share one directory: a voice that one of
 them registers is read from disk by the others the first time they are asked for it.
+Exactly one registration of a content creates it, even across processes: the metadata
+file is linked into place, which fails for every writer but the first. Voices are listed
+in the order they were registered, so every process names the same default voice.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +49,7 @@ class StoredVoice:
     name: str
     prompt: Prompt
     transcript: str
+    registered_at: float = 0.0
 
 
 class VoiceStore:
@@ -71,7 +76,8 @@ class VoiceStore:
                     mel=arrays["mel"].astype(np.float32),
                     embedding=arrays["embedding"].astype(np.float32),
                 )
-            return StoredVoice(meta["id"], meta["name"], prompt, meta.get("transcript", ""))
+            registered_at = float(meta.get("registered_at", meta_path.stat().st_mtime))
+            return StoredVoice(meta["id"], meta["name"], prompt, meta.get("transcript", ""), registered_at)
         except (OSError, ValueError, KeyError) as exc:
             log.warning("skipping unreadable voice %s: %s", meta_path.name, exc)
             return None
@@ -103,12 +109,15 @@ class VoiceStore:
                 if meta_path.stem not in seen:
                     self._from_disk(meta_path.stem)
         with self._lock:
-            return list(self._voices.values())
+            return sorted(self._voices.values(), key=lambda v: (v.registered_at, v.id))
 
-    def add(self, voice: StoredVoice) -> None:
+    def add(self, voice: StoredVoice) -> StoredVoice:
+        """Keep ``voice``; return the voice stored under its id, which is another's when
+        another registration (in this process or another) got there first."""
+        voice.registered_at = voice.registered_at or time.time()
         if self.directory is not None:
             stem = self.directory / voice.id
-            tmp_npz = stem.with_name(voice.id + ".tmp.npz")
+            tmp_npz = stem.with_name(f"{voice.id}.{os.getpid()}.tmp.npz")
             np.savez(
                 tmp_npz,
                 text_ids=voice.prompt.text_ids,
@@ -117,10 +126,21 @@ class VoiceStore:
                 embedding=voice.prompt.embedding,
             )
             os.replace(tmp_npz, stem.with_suffix(".npz"))
-            meta = {"format": FORMAT_VERSION, "id": voice.id, "name": voice.name, "transcript": voice.transcript}
-            tmp_json = stem.with_name(voice.id + ".tmp.json")
+            meta = {
+                "format": FORMAT_VERSION, "id": voice.id, "name": voice.name, "transcript": voice.transcript,
+                "registered_at": voice.registered_at,
+            }
+            tmp_json = stem.with_name(f"{voice.id}.{os.getpid()}.tmp.json")
             tmp_json.write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
-            os.replace(tmp_json, stem.with_suffix(".json"))
+            try:
+                os.link(tmp_json, stem.with_suffix(".json"))  # fails if another registration won
+            except FileExistsError:
+                winner = self._from_disk(voice.id)
+                if winner is not None:
+                    return winner
+            finally:
+                tmp_json.unlink(missing_ok=True)
         with self._lock:
-            self._voices[voice.id] = voice
+            stored = self._voices.setdefault(voice.id, voice)
             self._unreadable.discard(voice.id)
+            return stored

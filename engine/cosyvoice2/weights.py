@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .config import CosyVoice2Config, load_config
 from .flow import CausalFlow
 from .hift import HiFTGenerator
 from .lm import SpeechLM
+from .model_config import CosyVoice2Config, load_config
 
 DOWNLOAD_HINT = (
     "Download the released CosyVoice2-0.5B model (FunAudioLLM/CosyVoice2-0.5B, on Hugging Face "

@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.base import Engine, EngineError, SynthesisParams, Voice, WordTimings
 from engine.piper.alignment import Aligner, word_phonemes
+from engine.threads import configure_cpu_threads, onnx_session_options
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def voice_files_from_path(path: Path) -> VoiceFiles:
 class _LoadedVoice:
     """One voice: its phonemizer and config, and the model on the chosen backend."""
 
-    def __init__(self, files: VoiceFiles, backend: Backend, device: str) -> None:
+    def __init__(self, files: VoiceFiles, backend: Backend, device: str, threads: int) -> None:
         from piper import PiperVoice
         from piper.config import PiperConfig
 
@@ -83,7 +84,15 @@ class _LoadedVoice:
         self.backend = backend
         self.gain = 1.0
         if backend == "onnx":
-            self.piper = PiperVoice.load(files.model, files.config, use_cuda=device.startswith("cuda"))
+            import onnxruntime
+
+            # Our own session rather than PiperVoice.load's: its default pool takes every
+            # core and spins on them between runs (engine/threads.py).
+            providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
+            session = onnxruntime.InferenceSession(
+                str(files.model), sess_options=onnx_session_options(threads), providers=providers
+            )
+            self.piper = PiperVoice(session=session, config=self.config)
             self.vits = None
         else:
             from engine.piper.onnx_weights import load_vits
@@ -139,18 +148,18 @@ class PiperEngine(Engine):
         voices: Sequence[VoiceFiles] | None = None,
         backend: Backend = "torch",
         device: str = "cpu",
+        threads: int | None = None,
     ) -> None:
+        """``threads``: CPU threads for the model's math (engine/threads.py; default: the
+        physical cores, at most 4)."""
         if backend not in BACKENDS:
             raise EngineError("bad_config", f"unknown Piper backend {backend!r}; use one of {BACKENDS}")
         files = list(voices) if voices else default_voices()
-        if backend == "torch" and device == "cpu":
-            from engine.piper.vits import configure_cpu_threads
-
-            configure_cpu_threads()
+        threads = configure_cpu_threads(threads)
         self.backend = backend
         self.timestamps = backend == "torch"  # the durations that time words are the torch port's
         self.device = device
-        self._voices = {f.id: _LoadedVoice(f, backend, device) for f in files}
+        self._voices = {f.id: _LoadedVoice(f, backend, device, threads) for f in files}
         rates = {v.config.sample_rate for v in self._voices.values()}
         if len(rates) != 1:
             raise EngineError("bad_config", f"Piper voices must share one sample rate, got {sorted(rates)}")

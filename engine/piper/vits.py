@@ -12,7 +12,6 @@ Module and parameter names follow the Piper/VITS training code (``enc_p``, ``dp`
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -665,39 +664,3 @@ class Vits(nn.Module):
     ) -> torch.Tensor:
         z, _ = self.infer_latent(phoneme_ids, noise_scale, length_scale, noise_w, generator)
         return self.decode(z)[0]
-
-
-def _physical_cores() -> int:
-    """Distinct (package, core) pairs among the CPUs this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        cpus = os.sched_getaffinity(0)
-    else:
-        cpus = range(os.cpu_count() or 1)
-    cores = set()
-    for cpu in cpus:
-        base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
-        try:
-            with open(base + "physical_package_id") as f1, open(base + "core_id") as f2:
-                cores.add((f1.read().strip(), f2.read().strip()))
-        except OSError:
-            cores.add(("?", str(cpu)))
-    return max(len(cores), 1)
-
-
-def configure_cpu_threads(max_threads: int = 4) -> int:
-    """Set torch's intra-op threads to the physical cores this process may use, at most
-    ``max_threads``; returns the count.
-
-    Why physical cores: SMT siblings share one core's FMA units, so they add contention,
-    not throughput, to these conv-bound kernels. Why a cap: the convolutions are small
-    (32-768 channels, chunks of ~100 frames), so past ~4 threads synchronisation eats the
-    gain, and a cap leaves cores to the rest of the service (asyncio, phonemizer, other
-    engines). Pass max_threads=1 on a CPU shared with other busy processes: OpenMP
-    threads meet at a barrier after every op, so when the OS deschedules one, all wait
-    (measured here: 2 threads at load 10 on 2 cores took a short utterance from 0.09 s to
-    5 s; one thread stayed at 0.09 s). One thread already decodes ~13x faster than real
-    time with this voice.
-    """
-    n = max(1, min(_physical_cores(), max_threads))
-    torch.set_num_threads(n)
-    return n

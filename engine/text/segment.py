@@ -53,11 +53,6 @@ class Segmenter:
         self._pending = ""
         self._emitted = 0
 
-    @property
-    def pending(self) -> str:
-        """Text received but not yet handed out as a segment."""
-        return self._pending
-
     def push(self, text: str) -> list[str]:
         """Add a piece of text; return the segments it completes."""
         # Re-normalising the pending tail with the new piece joins whitespace runs and

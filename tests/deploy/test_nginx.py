@@ -287,7 +287,8 @@ def multipart_of_size(total: int) -> bytes:
 async def test_uploads_up_to_the_apps_limit_reach_it(nginx):
     """2 MB is over nginx's default 1 MiB: with the shipped limit it reaches Voxwire, which
     answers for Piper with its own JSON 501 (not nginx's HTML 413). A body of exactly
-    16 MiB still reaches the app; one byte more gets the app's JSON error from nginx, and
+    16 MiB still reaches the app, which reads it before its 501 (else nginx, still sending
+    it, would answer 502); one byte more gets the app's JSON error from nginx, and
     never a 502, however often it is tried on one connection."""
     form = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
     async with httpx.AsyncClient(base_url=nginx.http, timeout=60) as http:
@@ -298,8 +299,8 @@ async def test_uploads_up_to_the_apps_limit_reach_it(nginx):
         assert r.json()["error"]["code"] == "voice_registration_unsupported"
 
         at_limit = await http.post("/v1/voices", content=multipart_of_size(MIB16), headers=form)
-        assert at_limit.status_code == 400, (at_limit.status_code, at_limit.text[:300])
-        assert at_limit.json()["error"]["code"] == "bad_audio"  # decoded by the app: it got there
+        assert at_limit.status_code == 501, (at_limit.status_code, at_limit.text[:300])  # the app's answer, not a 502
+        assert at_limit.json()["error"]["code"] == "voice_registration_unsupported"
 
         over = multipart_of_size(MIB16 + 1)
         for _ in range(3):

@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 
 from engine.base import SynthesisParams
-from engine.queue import Failed, Finished
+from engine.audio_queue import Failed, Finished
 from engine.supervisor import Supervisor
 from engine.worker import Worker
 from tests.engine.test_worker import drain

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.base import SynthesisParams
-from engine.queue import Failed, Finished
+from engine.audio_queue import Failed, Finished
 from engine.worker import Worker
 from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitches, word_pitch
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from server.cache import Entry, ResultCache
+from server.cache import CachedAudio, ResultCache
 from server.config import ServerConfig
 from tests.conftest import run_server
 from voxwire_client.sync import synthesize_async
@@ -36,7 +36,7 @@ async def test_it_can_be_switched_off():
 
 def test_lru_by_bytes_and_voice_invalidation():
     cache = ResultCache(max_bytes=4 * 4000 * 4)  # four 4000-sample entries; each <= a quarter
-    audio = lambda: Entry(np.zeros(4000, np.float32), 1)  # noqa: E731
+    audio = lambda: CachedAudio(np.zeros(4000, np.float32), 1)  # noqa: E731
     keys = [cache.key("e", "v1" if i % 2 else "v2", 1.0, f"text {i}") for i in range(5)]
     for k in keys[:4]:
         cache.put(k, audio())
@@ -44,7 +44,7 @@ def test_lru_by_bytes_and_voice_invalidation():
     cache.put(keys[4], audio())  # evicts the least recently used: keys[1]
     assert cache.get(keys[1]) is None and cache.get(keys[0]) is not None
     assert cache.bytes <= cache.max_bytes and len(cache) == 4
-    cache.put(cache.key("e", "v1", 1.0, "big"), Entry(np.zeros(8000, np.float32), 1))  # over a quarter: not kept
+    cache.put(cache.key("e", "v1", 1.0, "big"), CachedAudio(np.zeros(8000, np.float32), 1))  # over a quarter: not kept
     assert len(cache) == 4
     cache.invalidate_voice("v1")
     assert all(k.voice == "v2" for k in cache._entries) and cache.get(keys[3]) is None

@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import websockets
@@ -171,3 +172,27 @@ async def test_sigterm_past_the_deadline_tells_the_client_and_closes_1001():
                     last = orjson.loads(m)
         assert last is not None and (last["code"], last["ctx"], last["terminal"]) == ("shutting_down", "long", True)
         assert closed.value.rcvd.code == 1001
+
+
+async def test_sigterm_cuts_an_http_stream_so_the_client_can_tell():
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/stream"
+    proc = _serve(port, "--drain-seconds", "0.5")
+    text = "A very long answer that will not finish in half a second. " * 40
+    try:
+        await _wait_listening(url, proc)
+        async with httpx.AsyncClient(timeout=60) as http:
+            body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
+            async with http.stream("POST", f"http://127.0.0.1:{port}/v1/audio/speech", json=body) as r:
+                assert r.status_code == 200
+                chunks = r.aiter_raw()
+                received = len(await chunks.__anext__())
+                os.kill(proc.pid, signal.SIGTERM)
+                with pytest.raises(httpx.RemoteProtocolError):  # an incomplete body, not a short "whole" one
+                    async for chunk in chunks:
+                        received += len(chunk)
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+        assert received < 2 * 24000 * 60  # far less than the minutes of audio asked for
+    finally:
+        proc.kill()
+        proc.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import subprocess
 import sys
 
@@ -42,7 +43,7 @@ async def test_one_json_line_per_utterance_with_text_redacted():
     assert line["outcome"] == "done" and line["ctx"] and line["session"] and line["voice"] == "joe"
     for figure in ("ttfa_ms", "audio_ms", "compute_ms", "rtf", "chunks", "segments"):
         assert figure in line
-    assert line["text_chars"] == len(SECRET) and len(line["text_sha256"]) == 12
+    assert line["text_chars"] == len(SECRET) and len(line["text_digest"]) == 12
     assert "text" not in line and "four four" not in orjson.dumps(line).decode()
 
 
@@ -54,8 +55,10 @@ async def test_text_is_logged_only_when_asked():
 def test_formatters():
     record = logging.LogRecord("voxwire.utterance", logging.INFO, __file__, 1, "utterance %s", ("done",), None)
     record.ctx = "a1"
+    record.color_message = "\x1b[32mutterance done\x1b[0m"  # as uvicorn's records carry
     assert orjson.loads(JsonFormatter().format(record)) | {"ts": 0} == {
         "ts": 0, "level": "info", "logger": "voxwire.utterance", "msg": "utterance done", "ctx": "a1",
+        "pid": os.getpid(),  # lines from several processes can be told apart
     }
     text = TextFormatter().format(record)
     assert "INFO" in text and "utterance done" in text and "ctx=a1" in text and not text.startswith("{")

@@ -20,16 +20,18 @@ async def test_metrics_count_what_happened(piper_server):
     before = scrape(piper_server)
     result = await synthesize_async("Counting in metrics.", piper_server.ws)
     after = scrape(piper_server)
-    done = "voxwire_utterances_total{outcome=done}"
-    assert after[done] == before.get(done, 0) + 1
-    assert after["voxwire_ttfa_seconds_count"] == before.get("voxwire_ttfa_seconds_count", 0) + 1
-    assert after["voxwire_rtf_count"] == before.get("voxwire_rtf_count", 0) + 1
+    done = "voxwire_utterances_total{code=,door=ws,outcome=done}"
+    assert after[done] == before[done] + 1  # zero-initialised: present before the first
+    ttfa = "voxwire_ttfa_seconds_count{door=ws}"
+    assert after[ttfa] == before[ttfa] + 1
+    assert after["voxwire_rtf_ratio_count"] == before.get("voxwire_rtf_ratio_count", 0) + 1
     steps = result.done["engine_steps"]
-    assert after["voxwire_engine_step_seconds_count"] - before.get("voxwire_engine_step_seconds_count", 0) == steps
-    assert after["voxwire_engine_steps_total"] - before["voxwire_engine_steps_total"] == steps
-    assert after["voxwire_worker_busy_seconds_total"] > before["voxwire_worker_busy_seconds_total"]
+    step_count = "voxwire_engine_step_seconds_count{worker=0}"
+    assert after[step_count] - before[step_count] == steps
+    assert after["voxwire_engine_steps_total{worker=0}"] - before["voxwire_engine_steps_total{worker=0}"] == steps
+    assert after["voxwire_worker_busy_seconds_total{worker=0}"] > before["voxwire_worker_busy_seconds_total{worker=0}"]
     assert after["voxwire_active_utterances"] == 0 and after["voxwire_queued_audio_seconds"] == 0
-    assert after["voxwire_ready"] == 1
+    assert after["voxwire_ready_workers"] == 1
     assert after["voxwire_asyncio_tasks"] >= 1 and after["voxwire_threads"] >= 2
     assert after["process_resident_memory_bytes"] > 0
 
@@ -44,5 +46,5 @@ async def test_outcomes_by_error_code(tone_server):
         except Exception:
             pass
     after = scrape(tone_server)
-    key = "voxwire_utterances_total{outcome=engine_error}"
+    key = "voxwire_utterances_total{code=engine_error,door=ws,outcome=failed}"
     assert after[key] == before.get(key, 0) + 1

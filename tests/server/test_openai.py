@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import logging
+import re
+import socket
 import time
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -59,9 +63,15 @@ def test_openai_voice_names_and_speed(sdk):
     "kwargs,code,param",
     [
         ({"voice": "nobody"}, "unknown_voice", "voice"),
+        ({"voice": {"name": "joe"}}, "invalid_voice", "voice"),
         ({"response_format": "mp3"}, "invalid_format", "response_format"),
-        ({"speed": 3.0}, "invalid_speed", "speed"),
+        ({"speed": 5.0}, "invalid_speed", "speed"),
+        ({"speed": 0.2}, "invalid_speed", "speed"),
+        # Inside OpenAI's 0.25-4.0 but outside what the engines speak: said so, not clamped.
+        ({"speed": 0.25}, "unsupported_speed", "speed"),
+        ({"speed": 3.0}, "unsupported_speed", "speed"),
         ({"input": ""}, "missing_field", "input"),
+        ({"model": ""}, "missing_field", "model"),
     ],
 )
 def test_errors_come_in_openai_shape(sdk, kwargs, code, param):
@@ -95,3 +105,122 @@ def test_api_key_is_required_when_configured():
             bad.audio.speech.create(model="tts-1", voice="joe", input="Hi.")
         good = openai.OpenAI(base_url=s.http + "/v1", api_key="sk-test-1", max_retries=0)
         assert len(good.audio.speech.create(model="tts-1", voice="joe", input="Hi.", response_format="pcm").read()) > 1000
+
+
+def _post(server, **fields) -> httpx.Response:
+    body = {"model": "tts-1", "voice": "joe", "input": "Hi there.", "response_format": "pcm", **fields}
+    return httpx.post(f"{server.http}/v1/audio/speech", json=body, timeout=60)
+
+
+def _error(r: httpx.Response) -> dict:
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # OpenAI's newer voices speak with the default voice, as the older ones do.
+        {"voice": "marin"},
+        {"voice": "cedar"},
+        # OpenAI's voice object, its form for custom voices: the id is the voice.
+        {"voice": {"id": "joe"}},
+        {"voice": {"id": "alloy"}},
+        # null is how many clients leave an optional field unset.
+        {"response_format": None, "speed": None, "instructions": None, "stream_format": None},
+        {"stream_format": "audio"},
+        # Taken and ignored: the engine has no instruction-following model.
+        {"instructions": "Speak in a cheerful tone."},
+        # Any model name: the loaded engine speaks.
+        {"model": "gpt-4o-mini-tts-2025-12-15"},
+        {"model": "piper"},
+        {"speed": 2.0},
+    ],
+)
+def test_what_openai_accepts_is_spoken(piper_server, fields):
+    r = _post(piper_server, **fields)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == ("audio/wav" if fields.get("response_format", "pcm") is None else "audio/pcm")
+    assert len(r.content) > 4800  # at least 0.1 s of 16-bit audio
+
+
+def test_unsupported_speeds_name_the_range_this_server_speaks(piper_server):
+    error = _error(_post(piper_server, speed=3.0))
+    assert (error["code"], error["param"]) == ("unsupported_speed", "speed")
+    assert "0.5 to 2.0" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "fields,code,param",
+    [
+        # Wrong types get a plain 400, not a crash, and no Python names in the message.
+        ({"response_format": ["wav"]}, "invalid_format", "response_format"),
+        ({"speed": "fast"}, "invalid_speed", "speed"),
+        ({"speed": True}, "invalid_speed", "speed"),
+        ({"instructions": 42}, "invalid_instructions", "instructions"),
+        ({"voice": {"id": 7}}, "invalid_voice", "voice"),
+        ({"voice": None}, "missing_field", "voice"),
+        ({"model": 1}, "missing_field", "model"),
+        ({"stream_format": 1}, "invalid_stream_format", "stream_format"),
+        ({"stream_format": "sse"}, "invalid_stream_format", "stream_format"),
+    ],
+)
+def test_wrong_values_are_refused_plainly(piper_server, fields, code, param):
+    error = _error(_post(piper_server, **fields))
+    assert (error["code"], error["param"]) == (code, param)
+    # A wrong type gets a 400 (not a crash) whose message a person can act on: no Python.
+    assert not re.search(r"\b(list|int|bool|str|dict|None|NoneType|True|False)\b|\[", error["message"]), error
+
+
+@pytest.fixture
+def server_log(caplog) -> Iterator[pytest.LogCaptureFixture]:
+    """Every record the in-process test server logs, at INFO and above. uvicorn's own
+    loggers do not propagate to the root logger, where caplog listens, so its handler is
+    added to them too: that is where "Exception in ASGI application" goes."""
+    caplog.set_level(logging.INFO)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+
+
+def hang_up_mid_body(server, path: str, content_type: str, partial: bytes) -> None:
+    """A raw request that promises more body than it sends, then closes the connection."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {server.host}:{server.port}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(partial) + 10_000}\r\n\r\n"
+    )
+    with socket.create_connection((server.host, server.port), timeout=30) as s:
+        s.sendall(head.encode() + partial)
+
+
+def wait_for_disconnect_record(log: pytest.LogCaptureFixture) -> None:
+    """Until the server has logged something about the hang-up: its INFO line, or uvicorn's error."""
+    for _ in range(1000):
+        if any("disconnect" in r.getMessage() or r.levelno >= logging.ERROR for r in log.records):
+            return
+        time.sleep(0.01)
+
+
+def disconnect_records(log: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """Every record at INFO or above since the test began."""
+    return [r for r in log.records if r.levelno >= logging.INFO]
+
+
+def assert_logged_as_ordinary(records: list[logging.LogRecord]) -> None:
+    assert not [r for r in records if r.levelno >= logging.ERROR or r.exc_info], [r.getMessage() for r in records]
+    lines = [r for r in records if "disconnected before sending the whole request body" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+
+
+def test_a_client_that_hangs_up_mid_body_is_an_ordinary_event(piper_server, server_log):
+    hang_up_mid_body(piper_server, "/v1/audio/speech", "application/json", b'{"model": "tts-1", "inp')
+    wait_for_disconnect_record(server_log)
+    r = _post(piper_server)  # and the server goes on serving
+    assert r.status_code == 200 and len(r.content) > 4800
+    # Checked after the next request, so that a traceback logged just after the line is seen too.
+    assert_logged_as_ordinary(disconnect_records(server_log))

@@ -3,7 +3,7 @@ import orjson
 import pytest
 
 from server import protocol
-from server.protocol import Cancel, Config, Flush, ProtocolError, Speak
+from server.protocol import Cancel, Configure, Flush, ProtocolError, Speak
 
 
 def j(obj) -> str:
@@ -15,7 +15,7 @@ def test_parses_each_message_type_from_json_and_msgpack():
     for data in (j(speak), msgpack.packb(speak)):
         m = protocol.parse(data)
         assert m == Speak(ctx="a", text="hi", final=False, settings={"voice": "joe", "sample_rate": 16000})
-    assert protocol.parse(j({"type": "config", "format": "mulaw", "speed": 1})) == Config({"format": "mulaw", "speed": 1.0})
+    assert protocol.parse(j({"type": "config", "format": "mulaw", "speed": 1})) == Configure({"format": "mulaw", "speed": 1.0})
     assert protocol.parse(j({"type": "flush", "ctx": "a"})) == Flush("a")
     assert protocol.parse(j({"type": "cancel", "ctx": "a"})) == Cancel("a")
 

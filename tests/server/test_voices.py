@@ -12,6 +12,13 @@ import pytest
 import soundfile
 
 from server.voices import decode_audio
+from tests.server.test_openai import (  # server_log is a fixture, used by name
+    assert_logged_as_ordinary,
+    disconnect_records,
+    hang_up_mid_body,
+    server_log,  # noqa: F401
+    wait_for_disconnect_record,
+)
 from voxwire_client import Client, ServerError
 
 RATE = 16000
@@ -63,30 +70,51 @@ async def test_register_then_speak_with_the_cloned_voice(cosyvoice_server):
     assert engine(cosyvoice_server).stats.frontend_runs == runs + 1
 
 
+async def first_audio(u) -> None:
+    async for item in u:
+        if getattr(item, "type", None) is None:  # an audio frame, not an event
+            return
+    raise AssertionError("the utterance ended before its first audio")
+
+
+async def steps_within(stats, seconds: float) -> int:
+    """How many LM steps run in the next ``seconds`` (polled; returns at the first one)."""
+    start, end = stats.lm_steps, asyncio.get_running_loop().time() + seconds
+    while stats.lm_steps == start and asyncio.get_running_loop().time() < end:
+        await asyncio.sleep(0.005)
+    return stats.lm_steps - start
+
+
 async def test_cancel_stops_the_lm_loop(cosyvoice_server):
     voice = (await register(cosyvoice_server, reference_wav(f0=170), name="cancel")).json()["id"]
     stats = engine(cosyvoice_server).stats
+    worker = cosyvoice_server.service.worker
     closed = stats.utterances_closed
+    long_text = "This is a long sentence that keeps on going. " * 20  # many seconds of LM steps
+    quiet = 1.0
     async with await Client.connect(cosyvoice_server.ws) as client:
-        long_text = "This is a long sentence that keeps on going. " * 20
         u = await client.speak(long_text, voice=voice)
-        async for item in u:
-            if getattr(item, "type", None) is None:  # the first audio frame
-                break
+        await first_audio(u)
         await u.cancel()
         async for item in u:
             pass
         assert item.type == "cancelled"
-        worker = cosyvoice_server.service.worker
         for _ in range(500):
             if worker.active == 0:
                 break
             await asyncio.sleep(0.01)
         assert stats.utterances_closed == closed + 1  # the generator was closed mid-utterance
-        steps = stats.lm_steps
-        # Nothing runs the LM for it any more: a following utterance's steps are all new.
-        frames, done = await (await client.speak("Short.", voice=voice)).collect()
-        assert done.type == "done" and stats.lm_steps > steps
+        # Once the cancel is answered, the LM does not take one more step for it...
+        assert await steps_within(stats, quiet) == 0
+        # ... where the same utterance, not cancelled, steps within that time: the quiet
+        # second above is the LM stopped, not an LM too slow to be seen.
+        control = await client.speak(long_text, voice=voice)
+        await first_audio(control)
+        assert await steps_within(stats, quiet) > 0
+        await control.cancel()
+        async for item in control:
+            pass
+        assert item.type == "cancelled"
 
 
 @pytest.mark.parametrize(
@@ -122,6 +150,14 @@ async def test_speaking_with_an_unregistered_voice_is_refused(cosyvoice_server):
         assert e.value.code == "unknown_voice"
 
 
+def test_an_upload_cut_off_mid_body_is_an_ordinary_event(cosyvoice_server, server_log):
+    partial = b'--cut\r\nContent-Disposition: form-data; name="audio"; filename="me.wav"\r\n\r\n' + reference_wav()[:1000]
+    hang_up_mid_body(cosyvoice_server, "/v1/voices", "multipart/form-data; boundary=cut", partial)
+    wait_for_disconnect_record(server_log)
+    assert httpx.get(f"{cosyvoice_server.http}/v1/voices").status_code == 200  # and the server goes on serving
+    assert_logged_as_ordinary(disconnect_records(server_log))
+
+
 async def test_piper_cannot_clone(piper_server):
     r = await register(piper_server, reference_wav())
     assert (r.status_code, r.json()["error"]["code"]) == (501, "voice_registration_unsupported")
@@ -134,3 +170,43 @@ def test_decode_audio_reads_any_libsndfile_format_to_mono():
     with pytest.raises(Exception) as e:
         decode_audio(b"RIFF....WAVEjunk")
     assert getattr(e.value, "code", None) == "bad_audio"
+
+
+async def test_one_registry_no_voice_yet_then_exactly_one_201(tmp_path):
+    import orjson
+    import websockets
+
+    from engine.cosyvoice2.tiny import make_tiny_model_dir
+    from engine.registry import EngineOptions
+    from server.config import ServerConfig
+    from tests.conftest import run_server
+
+    options = EngineOptions(
+        name="cosyvoice2", model_dir=make_tiny_model_dir(tmp_path / "model"), voices_dir=tmp_path / "voices",
+        extra={"cpu_threads": 1, "seed": 0},
+    )
+    with run_server(ServerConfig(engine=options, cache_mb=0)) as s:
+        async with websockets.connect(s.ws) as ws:
+            ready = orjson.loads(await ws.recv())
+            assert ready["defaults"]["voice"] is None and ready["voices"] == []
+            await ws.send(orjson.dumps({"type": "config", "sample_rate": 16000}).decode())
+            assert orjson.loads(await ws.recv())["type"] == "configured"  # no voice needed for that
+            await ws.send(orjson.dumps({"type": "speak", "ctx": "a", "text": "Hi."}).decode())
+            error = orjson.loads(await ws.recv())
+            assert error["code"] == "no_voice" and "POST /v1/voices" in error["message"]
+        async with httpx.AsyncClient(base_url=s.http, timeout=60) as http:
+            r = await http.post("/v1/audio/speech", json={"model": "m", "input": "Hi.", "voice": "alloy"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "no_voice"
+
+        answers = await asyncio.gather(*(register(s, reference_wav(), name="same") for _ in range(8)))
+        assert sorted(r.status_code for r in answers) == [200] * 7 + [201]
+        assert len({r.json()["id"] for r in answers}) == 1
+        assert [r.json()["cached"] for r in answers].count(False) == 1
+        renamed = await register(s, reference_wav(), name="another name")
+        assert renamed.status_code == 409 and renamed.json()["error"]["code"] == "voice_exists"
+        voice_id = answers[0].json()["id"]
+        async with httpx.AsyncClient(base_url=s.http, timeout=60) as http:
+            listed = (await http.get("/v1/voices")).json()
+        assert listed["default"] == voice_id and [v["name"] for v in listed["voices"]] == ["same"]
+        async with websockets.connect(s.ws) as ws:
+            assert orjson.loads(await ws.recv())["defaults"]["voice"] == voice_id  # picked up without a restart

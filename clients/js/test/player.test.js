@@ -182,3 +182,78 @@ test('without AudioWorklet (an insecure page) play() rejects clearly and cancels
   await assert.rejects(player.play(u), /secure context/);
   assert.ok(u.cancelled);
 });
+
+test('progress() counts each utterance from its own first sample; one waiting its turn shows nothing yet', async () => {
+  const { context, player } = await setup();
+  const a = new FakeUtterance();
+  const b = new FakeUtterance();
+  const pa = player.play(a);
+  const pb = player.play(b);
+  assert.equal(player.pending, 2);
+  assert.equal(player.progress(new FakeUtterance()), null);
+  a.audio(ramp(1, 6000)); // over the 100 ms threshold (4800): plays at once
+  b.audio(ramp(1, 5000));
+  b.done();
+  await context.render(20);
+  const pA = player.progress(a);
+  assert.equal(pA.state, 'playing');
+  assert.ok(pA.played > 0 && pA.played === player.stats.played, `${pA.played}`); // the first: all the worklet played
+  assert.deepEqual(player.progress(b), { state: 'queued', played: 0, underruns: 0, stalledSamples: 0, buffered: 5000 });
+  a.done();
+  // Until b plays, with a's 6000 samples behind it in the worklet's counter.
+  let pB;
+  for (let i = 0; i < 100 && !(pB?.state === 'playing'); i++) {
+    await context.render(1);
+    pB = player.progress(b);
+  }
+  assert.equal(pB.state, 'playing');
+  assert.equal(pB.played, player.stats.played - 6000);
+  assert.ok(pB.played <= 5000);
+  assert.deepEqual(player.progress(a), { state: 'done', played: 6000, underruns: 0, stalledSamples: 0, buffered: 0 });
+  assert.equal(player.pending, 1);
+  await context.render(60);
+  await Promise.all([pa, pb]);
+  assert.deepEqual(player.progress(b), { state: 'done', played: 5000, underruns: 0, stalledSamples: 0, buffered: 0 });
+  assert.equal(player.pending, 0);
+});
+
+test("progress(): an underrun is counted for the utterance it happened in, not the next", async () => {
+  const { context, player } = await setup();
+  const a = new FakeUtterance();
+  const b = new FakeUtterance();
+  player.play(a);
+  const pb = player.play(b);
+  a.audio(ramp(1, 4800));
+  await context.render(60); // a runs dry while more is due
+  assert.equal(player.progress(a).state, 'stalled');
+  assert.equal(player.progress(a).underruns, 1);
+  assert.ok(player.progress(a).stalledSamples > 0);
+  a.audio(ramp(4801, 4800));
+  a.done();
+  b.audio(ramp(1, 4800));
+  b.done();
+  await context.render(150);
+  const rb = await pb;
+  assert.equal(player.stats.underruns, 1);
+  assert.equal(player.progress(a).underruns, 1);
+  assert.equal(rb.underruns, 0);
+  assert.equal(player.progress(b).underruns, 0);
+  assert.equal(player.progress(b).stalledSamples, 0);
+});
+
+test('after stop() nothing is pending, and what never played shows as dropped with nothing played', async () => {
+  const { context, player } = await setup();
+  const us = [1, 2, 3].map(() => new FakeUtterance());
+  const done = us.map((u) => player.play(u));
+  us[0].audio(ramp(1, 48000));
+  us[2].audio(ramp(1, 4800));
+  await context.render(20);
+  assert.equal(player.pending, 3);
+  player.stop();
+  assert.equal(player.pending, 0); // at once: nothing is left to play, whatever the worklet says yet
+  assert.deepEqual(player.progress(us[2]), { state: 'dropped', played: 0, underruns: 0, stalledSamples: 0, buffered: 0 });
+  await context.render(5);
+  await Promise.all(done);
+  assert.equal(player.progress(us[0]).state, 'dropped');
+  assert.equal(player.progress(us[0]).played, (await done[0]).played);
+});

@@ -158,3 +158,113 @@ test('timestamps: asked for with a setting, collected on the utterance and emitt
   assert.deepEqual(u.words.map((w) => w.word), ['Hello', 'there']);
   assert.deepEqual(seen, u.words);
 });
+
+const nextEvent = (emitter, type) => new Promise((resolve) => {
+  const fn = (v) => { emitter.off(type, fn); resolve(v); };
+  emitter.on(type, fn);
+});
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+test('with `reconnect`, a lost connection is reopened by itself, the delay doubling while attempts fail', async () => {
+  const vx = connect({ reconnect: { minMs: 4, maxMs: 16 } });
+  const events = [];
+  vx.on('close', (e) => events.push(['close', e.code])).on('reconnecting', (r) => events.push(['reconnecting', r.attempt]));
+  const u = vx.speak('x');
+  let ws = FakeSocket.last;
+  ws.open();
+  await vx.ready;
+  assert.equal(vx.reconnecting, null);
+  let scheduled = nextEvent(vx, 'reconnecting');
+  ws.close(1006); // dropped: no close frame
+  await assert.rejects(u.finished, (e) => e.code === 'closed'); // what was live fails, as before
+  const delays = [];
+  for (let attempt = 1; attempt <= 4; attempt++) {
+    const r = await scheduled;
+    assert.equal(r.attempt, attempt);
+    assert.equal(r.error.closeCode, 1006);
+    assert.deepEqual(vx.reconnecting, { attempt, delayMs: r.delayMs });
+    delays.push(r.delayMs);
+    assert.equal(FakeSocket.last, ws); // nothing before the delay
+    await sleep(r.delayMs + 5);
+    assert.notEqual(FakeSocket.last, ws); // then an attempt
+    ws = FakeSocket.last;
+    if (attempt < 4) {
+      scheduled = nextEvent(vx, 'reconnecting');
+      ws.close(1006); // the server is still away
+    }
+  }
+  // Up to the cap (min·2^(n-1)), never below half of it: jitter, so that clients dropped together spread out.
+  [4, 8, 16, 16].forEach((cap, i) => assert.ok(delays[i] >= cap / 2 && delays[i] <= cap, `${delays}`));
+  assert.deepEqual(events, [
+    ['close', 'closed'], ['reconnecting', 1], ['close', 'connect_failed'], ['reconnecting', 2],
+    ['close', 'connect_failed'], ['reconnecting', 3], ['close', 'connect_failed'], ['reconnecting', 4],
+  ]);
+  ws.open(); // back
+  assert.equal(vx.reconnecting, null);
+  assert.equal((await vx.ready).engine, 'tone');
+  const again = vx.speak('again'); // on the reopened socket, and the next loss starts from the first delay
+  assert.equal(FakeSocket.last, ws);
+  assert.equal(ws.sent.at(-1).ctx, again.ctx);
+  scheduled = nextEvent(vx, 'reconnecting');
+  ws.close(1001, 'going away');
+  assert.equal((await scheduled).attempt, 1);
+  vx.close();
+});
+
+test('no reconnect after close(), after a first connect that fails, after a refused key, or without `reconnect`', async () => {
+  const opts = { reconnect: { minMs: 2, maxMs: 4 } };
+  const quiet = (vx) => { const seen = []; vx.on('reconnecting', (r) => seen.push(r)); return seen; };
+
+  const closed = connect(opts); // close() is wanted, not a loss
+  const a = quiet(closed);
+  closed.speak('x');
+  FakeSocket.last.open();
+  closed.close();
+  await sleep(10);
+  assert.deepEqual(a, []);
+
+  const never = connect(opts); // a first connect's failure is for the caller (its `ready` rejects)
+  const b = quiet(never);
+  const ready = never.ready;
+  FakeSocket.last.close(1013, 'at capacity');
+  await assert.rejects(ready, (e) => e.code === 'connect_failed');
+  await sleep(10);
+  assert.deepEqual(b, []);
+
+  const refused = connect(opts); // lost, then the key is refused: retrying cannot help
+  const c = quiet(refused);
+  refused.speak('x');
+  FakeSocket.last.open();
+  FakeSocket.last.close(1006);
+  await sleep(10);
+  assert.equal(c.length, 1);
+  FakeSocket.last.close(1008, 'invalid API key');
+  const last = FakeSocket.last;
+  await sleep(10);
+  assert.equal(c.length, 1);
+  assert.equal(FakeSocket.last, last);
+  assert.equal(refused.reconnecting, null);
+
+  const stopped = connect(opts); // close() while waiting to reconnect cancels the attempt
+  stopped.speak('x');
+  FakeSocket.last.open();
+  FakeSocket.last.close(1006);
+  assert.ok(stopped.reconnecting);
+  const before = FakeSocket.last;
+  stopped.close();
+  assert.equal(stopped.reconnecting, null);
+  await sleep(10);
+  assert.equal(FakeSocket.last, before);
+
+  const plain = connect(); // without the option: as before, the next utterance reconnects
+  const d = quiet(plain);
+  plain.speak('x');
+  const ws = FakeSocket.last;
+  ws.open();
+  ws.close(1006);
+  await sleep(10);
+  assert.deepEqual(d, []);
+  assert.equal(FakeSocket.last, ws);
+  plain.speak('y');
+  assert.notEqual(FakeSocket.last, ws);
+});

@@ -1,6 +1,9 @@
 """Regenerate docs/demo.png: the demo page after speaking, in headless Chromium.
 
-    .venv/bin/python clients/js/tools/screenshot.py [--url http://127.0.0.1:8000/] [-o docs/demo.png]
+    .venv/bin/python -m clients.js.tools.screenshot [--url http://127.0.0.1:8000/] [-o docs/demo.png]
+
+Run it as a module from the repository root, as above: it reuses the browser tests' launch
+recipe and server fixture (tests/), which are importable from there and not installed.
 
 Without --url it starts its own server (Piper, joe voice) on a free loopback port. It
 speaks a short warm-up utterance before the one it shows, so the figures are a warm
@@ -11,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+from tests.clients.js.test_browser import CHROMIUM, CHROMIUM_ARGS  # one launch recipe
 
-from tests.clients.js.test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (one launch recipe)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @contextlib.contextmanager

@@ -1,14 +1,85 @@
-"""``voxwire say``: speak text through a server into a WAV file, and print the figures."""
+"""``voxwire say``: speak text through a server into a WAV file, and print the figures.
+
+Mistakes a user can make on the command line (a wrong URL, an output path that cannot be
+written) are reported as one ``voxwire: ...`` line on standard error, never a traceback:
+exit status 2 for arguments refused before anything is sent, 1 for a failure on the way.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.exceptions import InvalidHandshake
 
 from voxwire_client.client import DEFAULT_URL, Closed, ServerError
 from voxwire_client.sync import synthesize
 from voxwire_client.wav import write_wav
+
+STREAM_PATH = urlsplit(DEFAULT_URL).path
+# http(s) URLs name the same server as ws(s) ones: a WebSocket starts as an HTTP request.
+_SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+
+
+class UsageError(ValueError):
+    """An argument refused before connecting; its message is the whole line shown."""
+
+
+def websocket_url(url: str) -> str:
+    """``url`` with an http(s) scheme turned into ws(s); refuses one with no host or
+    another scheme (websockets would raise InvalidURI, with a traceback)."""
+    refused = UsageError(f"--url {url}: not a WebSocket URL; expected ws://, wss://, http:// or https://, "
+                         f"as in {DEFAULT_URL}")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # an unclosed IPv6 bracket, say
+        raise refused from None
+    scheme = _SCHEMES.get(parts.scheme.lower())
+    if scheme is None or not host:
+        raise refused
+    return urlunsplit(parts._replace(scheme=scheme))
+
+
+def check_output(path: str) -> None:
+    """Refuse an output path that cannot be written, before any text is synthesised."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"-o {path}: is a directory; name a .wav file to write")
+    folder = p.parent
+    if not folder.is_dir():
+        raise UsageError(f"-o {path}: the directory {folder} does not exist")
+    writable = os.access(p, os.W_OK) if p.exists() else os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise UsageError(f"-o {path}: permission denied")
+
+
+def http_status(error: InvalidHandshake) -> int | None:
+    """The HTTP status of a refused WebSocket handshake, if it was one."""
+    response = getattr(error, "response", None)  # websockets >= 14: InvalidStatus
+    status = getattr(response, "status_code", None) or getattr(error, "status_code", None)  # 13: InvalidStatusCode
+    return status if isinstance(status, int) else None
+
+
+def describe_status(url: str, status: int) -> str:
+    """One line saying why the server did not open a WebSocket, and what to check."""
+    path = urlsplit(url).path or "/"
+    if status == 404:
+        why = f"no WebSocket endpoint at this path; the default is {STREAM_PATH}"
+    elif status == 401:
+        why = "an API key is needed or was refused; pass one as ?token=KEY in the URL"
+    elif status == 403:
+        why = "the API key was refused or this origin is not allowed"
+        if path != STREAM_PATH:
+            # Servers and proxies also refuse a WebSocket to an unknown path with 403.
+            why += f", or there is no WebSocket endpoint at {path}; the default is {STREAM_PATH}"
+    else:
+        why = "instead of opening a WebSocket"
+    return f"voxwire: {url}: the server answered HTTP {status} ({why})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     say = sub.add_parser("say", help="speak text to a WAV file")
     say.add_argument("text", help="the text to speak ('-' reads standard input)")
     say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: %(default)s)")
-    say.add_argument("--url", default=DEFAULT_URL, help="server WebSocket URL (default: %(default)s)")
+    say.add_argument("--url", default=DEFAULT_URL,
+                     help="server WebSocket URL; http(s):// is taken as ws(s):// (default: %(default)s)")
     say.add_argument("--voice", help="voice id (default: the server's)")
     say.add_argument("--format", choices=("pcm_s16le", "pcm_f32le", "mulaw"), help="audio encoding")
     say.add_argument("--sample-rate", type=int, help="output sample rate, 8000-48000")
@@ -26,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0")
     say.add_argument("--timestamps", action="store_true", help="print when each word is spoken")
     args = parser.parse_args(argv)
+    try:
+        url = websocket_url(args.url)
+        check_output(args.output)  # now, not after the whole text has been synthesised
+    except UsageError as e:
+        print(f"voxwire: {e}", file=sys.stderr)
+        return 2
     text = sys.stdin.read() if args.text == "-" else args.text
     settings: dict[str, Any] = {
         k: v
@@ -36,14 +114,25 @@ def main(argv: list[str] | None = None) -> int:
         if v is not None
     }
     try:
-        result = synthesize(text, args.url, **settings)
+        result = synthesize(text, url, **settings)
     except ServerError as e:
         print(f"voxwire: server error {e.code}: {e.message}", file=sys.stderr)
         return 1
-    except (Closed, OSError) as e:
-        print(f"voxwire: cannot reach {args.url}: {e}", file=sys.stderr)
+    except InvalidHandshake as e:
+        status = http_status(e)
+        if status is None:  # not an HTTP refusal: a server that does not speak WebSocket
+            print(f"voxwire: {url}: the WebSocket handshake failed: {e}", file=sys.stderr)
+        else:
+            print(describe_status(url, status), file=sys.stderr)
         return 1
-    write_wav(args.output, result.data, result.sample_rate, result.format)
+    except (Closed, OSError) as e:
+        print(f"voxwire: cannot reach {url}: {e}", file=sys.stderr)
+        return 1
+    try:
+        write_wav(args.output, result.data, result.sample_rate, result.format)
+    except OSError as e:  # checked above, but the disk may fill or the folder go meanwhile
+        print(f"voxwire: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 1
     d = result.done
     ttfa = f"{result.ttfa_ms:.0f} ms" if result.ttfa_ms is not None else "n/a"
     print(f"wrote {args.output}: {result.duration:.2f} s, {result.format} at {result.sample_rate} Hz, {result.chunks} chunks")
@@ -52,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{w['start_ms']:8.0f} {w['end_ms']:8.0f}  {w['word']}")
     print(f"server: audio {d.get('audio_ms')} ms, compute {d.get('compute_ms')} ms, rtf {d.get('rtf')}, segments {d.get('segments')}")
     return 0
+
+
+def say_command(argv: list[str] | None = None) -> int:
+    """``voxwire-say TEXT ...``: the client distribution's own command, which is
+    ``voxwire say TEXT ...`` without the server installed (the server owns ``voxwire``)."""
+    return main(["say", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

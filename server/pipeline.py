@@ -1,0 +1,419 @@
+"""One utterance, from admission to its figures, whichever door it came through.
+
+Both doors (the WebSocket session and the OpenAI route) ask the same ``Pipeline`` to
+``open`` an utterance. It checks what only the engine can tell (the voice, timestamps),
+takes an admission slot, and either replays the result cache or submits to the worker.
+The door then reads ``Speech.events()`` (frames, word timings, flushed, done or failed)
+and sends them in its own shape, and finally calls ``Speech.end`` with the outcome:
+that gives the slot back, stops the worker's side, fills the cache and records the
+metrics and the log line, exactly once. A refusal is recorded the same way.
+
+``FrameStream`` is the sans-I/O core: the worker's queue items in, the client's events
+out; it is tested with synthetic items, without sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from engine.audio_queue import Failed, Finished, Flushed, Item
+from engine.base import Engine, EngineError, SynthesisParams, WordTiming, WordTimings
+from engine.text import normalize
+from engine.worker import Utterance, Worker
+from server.accounting import Accounting
+from server.audio import OutputStream, encode
+from server.cache import CacheKey, CachedAudio, Replay, ResultCache
+from server.limits import Admission
+from server.protocol import StreamSettings
+
+RETRY_AFTER_MS = 1000  # a hint: one second is long next to an utterance's first step
+
+
+class Refused(Exception):
+    """A new utterance was not taken: a stable code and a message for people."""
+
+    def __init__(self, code: str, message: str, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+# -- what a door is given to send -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AudioFrame:
+    seq: int
+    offset: int
+    """Index of the frame's first sample within the utterance, at the stream's rate."""
+    samples: int
+    data: bytes
+    """The samples in the stream's format."""
+
+
+@dataclass(frozen=True)
+class Words:
+    """Word timings, sent just ahead of the frame the first of them starts in."""
+
+    words: tuple[dict[str, object], ...]
+
+
+@dataclass(frozen=True)
+class FlushedEvent:
+    pass
+
+
+@dataclass(frozen=True)
+class Done:
+    figures: Figures
+
+
+@dataclass(frozen=True)
+class FailedEvent:
+    code: str
+    message: str
+
+
+Event = AudioFrame | Words | FlushedEvent | Done | FailedEvent
+
+
+@dataclass(frozen=True)
+class Figures:
+    """An utterance's own figures, as ``done`` reports them (docs/protocol.md)."""
+
+    ttfa_ms: float | None
+    audio_ms: float
+    compute_ms: float
+    rtf: float | None
+    chunks: int
+    samples: int
+    segments: int
+    engine_steps: int
+    engine_steps_at_first_chunk: int | None
+    cached: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+# -- the sans-I/O core ------------------------------------------------------------------
+
+
+class FrameStream:
+    """The worker's queue items in; frames, word timings and markers out.
+
+    It resamples and cuts the audio into the stream's frames (server/audio.py), encodes
+    them, moves word timings onto the stream's timeline, and keeps a copy of the engine's
+    audio and words for the result cache while it stays under ``capture_bytes``.
+    """
+
+    def __init__(self, engine_rate: int, settings: StreamSettings, capture_bytes: int = 0) -> None:
+        self.settings = settings
+        self._engine_rate = engine_rate
+        self._out = OutputStream(engine_rate, settings.sample_rate, settings.chunk_ms)
+        self._words: deque[WordTiming] = deque()
+        self.frames = 0
+        self.samples = 0
+        self.finished = False
+        self._capture: list[np.ndarray] | None = [] if capture_bytes > 0 else None
+        self._capture_bytes = capture_bytes
+        self._captured_bytes = 0
+        self._captured_words: list[WordTiming] = []
+
+    def receive(self, item: Item) -> list[Event]:
+        if isinstance(item, np.ndarray):
+            self._keep(item)
+            return self._frames(self._out.push(item))
+        if isinstance(item, WordTimings):
+            if self._capture is not None:
+                self._captured_words.extend(item.words)
+            if self.settings.timestamps:
+                scale = self.settings.sample_rate / self._engine_rate  # engine samples -> the stream's
+                self._words.extend(WordTiming(w.word, round(w.start * scale), round(w.end * scale)) for w in item.words)
+            return []
+        if isinstance(item, Flushed):
+            return [*self._frames(self._out.flush()), FlushedEvent()]
+        if isinstance(item, Finished):
+            self.finished = True
+            events = self._frames(self._out.finish())
+            return events + self._words_before(None)
+        return [FailedEvent(item.code, item.message)]
+
+    def captured(self, segments: int) -> CachedAudio | None:
+        """What the cache may keep of a finished utterance: its engine audio, and its
+        words when they were asked for; None when it grew too big to keep."""
+        if not self.finished or not self._capture:
+            return None
+        words = tuple(self._captured_words) if self.settings.timestamps else None
+        return CachedAudio(np.concatenate(self._capture), segments, words)
+
+    def _keep(self, piece: np.ndarray) -> None:
+        if self._capture is None:
+            return
+        self._capture.append(piece)
+        self._captured_bytes += piece.nbytes
+        if self._captured_bytes > self._capture_bytes:
+            self._capture = None  # too long to cache: stop holding it
+
+    def _frames(self, frames: list[np.ndarray]) -> list[Event]:
+        events: list[Event] = []
+        for frame in frames:
+            events += self._words_before(self.samples + frame.size)
+            events.append(AudioFrame(self.frames, self.samples, frame.size, encode(frame, self.settings.format)))
+            self.frames += 1
+            self.samples += frame.size
+        return events
+
+    def _words_before(self, end: int | None) -> list[Event]:
+        """The words that start before sample ``end`` (all of them when None)."""
+        words = []
+        while self._words and (end is None or self._words[0].start < end):
+            words.append(self._words.popleft())
+        if not words:
+            return []
+        rate = self.settings.sample_rate
+        return [
+            Words(tuple(
+                {"word": w.word, "start_ms": round(w.start * 1000 / rate, 1), "end_ms": round(w.end * 1000 / rate, 1)}
+                for w in words
+            ))
+        ]
+
+
+# -- one utterance ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UtteranceRequest:
+    """What a door asks for: the first text, and how the audio is to be delivered."""
+
+    door: str
+    """``ws`` or ``http``: which front door, for the metrics and the log."""
+    text: str
+    final: bool
+    settings: StreamSettings
+    ids: dict[str, str]
+    """What names this utterance in the log (session and ctx, or a request id)."""
+
+
+class Speech:
+    """An admitted utterance, as a door sees it: fed, streamed, ended once."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        request: UtteranceRequest,
+        source: Utterance | Replay,
+        engine_rate: int,
+        key: CacheKey | None,
+        cached: CachedAudio | None,
+    ) -> None:
+        self.request = request
+        self.settings = request.settings
+        self.received_at = time.monotonic()
+        self.first_frame_at: float | None = None
+        self.outcome: str | None = None
+        self._pipeline = pipeline
+        self._source = source
+        self._key = key
+        self._cached = cached
+        self._text = [request.text]
+        capture = pipeline.cache.max_entry_bytes if key is not None and cached is None else 0
+        self.stream = FrameStream(engine_rate, request.settings, capture)
+        self._steps_at_first_frame: int | None = None
+
+    # -- the door's side ------------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        """All its text has arrived (a cached replay always has it)."""
+        return not isinstance(self._source, Utterance) or self._source.complete
+
+    @property
+    def text_chars(self) -> int:
+        return sum(map(len, self._text))
+
+    def feed(self, text: str, final: bool) -> None:
+        if isinstance(self._source, Utterance):
+            self._text.append(text)
+            self._source.feed(text, final)
+
+    def flush(self) -> None:
+        self._source.flush()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """What the client is sent, in order, up to and including Done or FailedEvent."""
+        while True:
+            item = await self._source.get() if isinstance(self._source, Replay) else await self._source.queue.get()
+            for event in self.stream.receive(item):
+                if isinstance(event, AudioFrame) and self.first_frame_at is None:
+                    self.first_frame_at = time.monotonic()
+                    self._steps_at_first_frame = self._source.steps if isinstance(self._source, Utterance) else 0
+                yield event
+            if isinstance(item, Finished):
+                yield Done(self.figures())
+                return
+            if isinstance(item, Failed):
+                return
+
+    def figures(self) -> Figures:
+        u = self._source if isinstance(self._source, Utterance) else None
+        compute = u.compute_seconds if u else 0.0
+        audio_s = self.stream.samples / self.settings.sample_rate
+        ttfa = None if self.first_frame_at is None else round((self.first_frame_at - self.received_at) * 1000, 1)
+        return Figures(
+            ttfa_ms=ttfa,
+            audio_ms=round(audio_s * 1000, 1),
+            compute_ms=round(compute * 1000, 1),
+            rtf=round(compute / audio_s, 4) if audio_s else None,
+            chunks=self.stream.frames,
+            samples=self.stream.samples,
+            segments=u.segments if u else self._cached.segments if self._cached else 0,
+            engine_steps=u.steps if u else 0,
+            engine_steps_at_first_chunk=self._steps_at_first_frame,
+            cached=u is None,
+        )
+
+    def abort(self, code: str, message: str) -> None:
+        """Fail it from the server's side (a shutdown past its deadline): the worker stops,
+        and the door's next event is FailedEvent, whatever was queued."""
+        if self.outcome is not None:
+            return
+        failure = Failed(code, message)
+        if isinstance(self._source, Utterance):
+            self._source.cancel()
+            self._source.queue.clear()
+            self._source.queue.put(failure)
+        else:
+            self._source.fail(failure)
+
+    def drop_queued(self) -> None:
+        """A barge-in: the audio queued for the client goes, now."""
+        if isinstance(self._source, Utterance):
+            self._source.queue.clear()
+        else:
+            self._source.clear()
+
+    def end(self, outcome: str, code: str | None = None) -> None:
+        """The utterance is over (``done``, ``cancelled``, ``disconnected`` or ``failed``
+        with its code): stop the worker's side, give back the slot, keep a finished
+        result for the cache, and account for it. Only the first call counts."""
+        if self.outcome is not None:
+            return
+        self.outcome = outcome
+        self._pipeline.open_speeches.discard(self)
+        if isinstance(self._source, Utterance) and self._source.outcome is None:
+            self._source.cancel()
+        self._pipeline.admission.end_utterance()
+        if outcome == "done" and self._key is not None and isinstance(self._source, Utterance):
+            entry = self.stream.captured(self._source.segments)
+            if entry is not None:
+                # Streamed text is keyed by what it added up to, for one-shot repeats of it.
+                self._pipeline.cache.put(replace(self._key, text=normalize("".join(self._text))), entry)
+        figures = self.figures() if outcome == "done" else None
+        self._pipeline.accounting.utterance(
+            self.request.door, outcome, code, self.request.ids, self.settings.voice, "".join(self._text),
+            figures.to_dict() if figures else {"samples": self.stream.samples, "chunks": self.stream.frames},
+        )
+
+
+class Pipeline:
+    """What both doors share: the worker, admission, the result cache and accounting."""
+
+    def __init__(
+        self,
+        worker: Callable[[], Worker],
+        admission: Admission,
+        cache: ResultCache,
+        accounting: Accounting,
+        draining: Callable[[], bool],
+    ) -> None:
+        self._worker = worker
+        self.admission = admission
+        self.cache = cache
+        self.accounting = accounting
+        self._draining = draining
+        self.open_speeches: set[Speech] = set()
+
+    def abort_all(self, code: str, message: str) -> None:
+        """Fail every open utterance (a shutdown past its deadline)."""
+        for speech in list(self.open_speeches):
+            speech.abort(code, message)
+
+    def open(self, request: UtteranceRequest) -> Speech:
+        """Admit an utterance and start it (from the cache, or on the worker), or raise
+        ``Refused``, which is recorded here."""
+        try:
+            return self._open(request)
+        except Refused as e:
+            self.refused(request.door, e.code, request.ids, request.settings.voice, request.text)
+            raise
+
+    def engine(self) -> Engine:
+        """The loaded engine, or an ``EngineError`` a client can be told."""
+        return self._worker().loaded_engine()
+
+    def refused(self, door: str, code: str, ids: dict[str, str], voice: str, text: str) -> None:
+        """Record a new utterance that a door turned away (its own limits, bad input)."""
+        self.accounting.utterance(door, "refused", code, ids, voice, text, {})
+
+    def resolve(self, settings: StreamSettings, check_voice: bool = True) -> StreamSettings:
+        """The settings as the loaded engine will speak them: the default voice (``""``)
+        named, and what only the engine can tell checked (whether it has the voice, and
+        whether it can time words). Raises ``Refused``."""
+        try:
+            engine = self._worker().loaded_engine()
+        except EngineError as e:
+            raise Refused(e.code, e.message, RETRY_AFTER_MS) from None
+        if settings.timestamps and not engine.timestamps:
+            raise Refused(
+                "timestamps_unsupported",
+                f"this server's engine ({engine.name}) cannot time words; ready.features says what it can do",
+            )
+        if not check_voice:
+            return settings
+        if not settings.voice:
+            default = engine.default_voice()
+            if default is None:
+                raise Refused("no_voice", "no voices yet: register one with POST /v1/voices")
+            return replace(settings, voice=default)
+        if not engine.has_voice(settings.voice):
+            raise Refused("unknown_voice", f"unknown voice {settings.voice!r}; GET /v1/voices lists them")
+        return settings
+
+    def _open(self, request: UtteranceRequest) -> Speech:
+        if self._draining():
+            raise Refused("shutting_down", "the server is shutting down; reconnect shortly")
+        settings = self.resolve(request.settings)
+        request = replace(request, settings=settings)
+        if not self.admission.try_start_utterance():
+            raise Refused("overloaded", "the server is at capacity; try again shortly", RETRY_AFTER_MS)
+        worker = self._worker()
+        engine = worker.loaded_engine()
+        key = self.cache.key(engine.name, settings.voice, settings.speed, request.text) if self.cache.enabled else None
+        # Only a one-shot utterance can be looked up: streamed text is not known yet.
+        hit = self.cache.get(key, with_words=settings.timestamps) if key is not None and request.final else None
+        if hit is not None:
+            speech = Speech(self, request, Replay(hit), engine.sample_rate, key, hit)
+            self.open_speeches.add(speech)
+            return speech
+        try:
+            utterance = worker.submit(
+                SynthesisParams(voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps),
+                asyncio.get_running_loop(),
+            )
+        except EngineError as e:
+            self.admission.end_utterance()
+            raise Refused(e.code, e.message, RETRY_AFTER_MS) from None
+        speech = Speech(self, request, utterance, engine.sample_rate, key, None)
+        self.open_speeches.add(speech)
+        utterance.feed(request.text, request.final)
+        return speech
+

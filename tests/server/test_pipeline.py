@@ -1,0 +1,134 @@
+"""The utterance pipeline: its sans-I/O frame stream, fed synthetic queue items as the
+worker would, and one utterance through each door, accounted the same way."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import numpy as np
+import pytest
+
+from engine.audio_queue import Failed, Finished, Flushed
+from engine.base import WordTiming, WordTimings
+from server.config import ServerConfig
+from server.pipeline import AudioFrame, FailedEvent, FlushedEvent, FrameStream, Words
+from server.protocol import StreamSettings
+from tests.conftest import run_server
+from tests.fixtures.engines import ToneEngine
+from tests.server.test_metrics import scrape
+from voxwire_client.sync import synthesize_async
+
+RATE = 16000
+
+
+def settings(**kw: object) -> StreamSettings:
+    return StreamSettings(**{"voice": "v", "sample_rate": RATE, "chunk_ms": 200, **kw})  # type: ignore[arg-type]
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+def test_frames_are_cut_numbered_and_offset_from_pieces_of_any_size():
+    stream = FrameStream(RATE, settings())
+    events = []
+    for seconds in (0.05, 0.12, 0.5, 0.01, 0.33):  # 1.01 s in uneven pieces
+        events += stream.receive(tone(seconds))
+    events += stream.receive(Finished())
+    frames = [e for e in events if isinstance(e, AudioFrame)]
+    assert frames[0].samples == int(RATE * 0.05) + int(RATE * 0.12)  # the first leaves once it holds 150 ms
+    assert all(f.samples == RATE * 200 // 1000 for f in frames[1:-1])
+    assert [f.seq for f in frames] == list(range(len(frames)))
+    assert [f.offset for f in frames] == list(np.cumsum([0] + [f.samples for f in frames[:-1]]))
+    assert sum(f.samples for f in frames) == int(RATE * 0.05) + int(RATE * 0.12) + int(RATE * 0.5) + int(RATE * 0.01) + int(RATE * 0.33)
+    assert all(len(f.data) == 2 * f.samples for f in frames)  # pcm_s16le
+    assert stream.finished and stream.frames == len(frames)
+
+
+def test_words_go_just_ahead_of_the_frame_they_start_in_on_the_stream_timeline():
+    stream = FrameStream(RATE, settings(sample_rate=8000, timestamps=True))
+    words = WordTimings((WordTiming("one", 100, 3000), WordTiming("two", 9000, 12000)))
+    events = stream.receive(words) + stream.receive(tone(1.0)) + stream.receive(Finished())
+    kinds = [type(e).__name__ for e in events]
+    # "one" starts in frame 0; "two" at 9000/16000 s = 4500 at 8 kHz, in frame 2 (2800..4400..6000).
+    assert kinds[:2] == ["Words", "AudioFrame"] and kinds.count("Words") == 2
+    second = next(e for e in events if isinstance(e, Words) and e.words[0]["word"] == "two")
+    frame_after = events[events.index(second) + 1]
+    assert isinstance(frame_after, AudioFrame) and frame_after.offset <= 4500 < frame_after.offset + frame_after.samples
+    assert second.words[0]["start_ms"] == pytest.approx(562.5)
+
+
+def test_flush_sends_what_is_buffered_then_the_marker_and_failure_is_an_event():
+    stream = FrameStream(RATE, settings())
+    assert stream.receive(tone(0.1)) == []  # under 150 ms: held for the first frame
+    flushed = stream.receive(Flushed())
+    assert isinstance(flushed[0], AudioFrame) and flushed[0].samples == RATE // 10
+    assert isinstance(flushed[-1], FlushedEvent)
+    assert stream.receive(Failed("engine_error", "it broke")) == [FailedEvent("engine_error", "it broke")]
+
+
+def test_capture_for_the_cache_is_capped_and_keeps_words_only_when_asked():
+    small = FrameStream(RATE, settings(timestamps=True), capture_bytes=RATE * 4)  # one second of float32
+    small.receive(WordTimings((WordTiming("a", 0, 10),)))
+    small.receive(tone(0.6))
+    small.receive(Finished())
+    entry = small.captured(segments=1)
+    assert entry is not None and entry.audio.size == int(RATE * 0.6) and entry.words == (WordTiming("a", 0, 10),)
+    big = FrameStream(RATE, settings(), capture_bytes=RATE * 4)
+    big.receive(tone(0.6))
+    big.receive(tone(0.6))  # now over the cap: nothing is kept
+    big.receive(Finished())
+    assert big.captured(segments=1) is None
+    plain = FrameStream(RATE, settings(), capture_bytes=RATE * 4)
+    plain.receive(tone(0.2))
+    plain.receive(Finished())
+    assert plain.captured(segments=1).words is None  # type: ignore[union-attr]
+
+
+async def test_both_doors_account_for_an_utterance_the_same_way(caplog):
+    text = "la la la la la la."
+    with run_server(ServerConfig(cache_mb=16), engine=lambda: ToneEngine()) as s:
+        before = scrape(s)
+        with caplog.at_level(logging.INFO, logger="voxwire.utterance"):
+            ws = await synthesize_async(text, s.ws, sample_rate=24000)
+            async with httpx.AsyncClient(timeout=30) as http:
+                r = await http.post(f"{s.http}/v1/audio/speech", json={
+                    "model": "tts-1", "input": text + " la.", "voice": "tone", "response_format": "pcm"})
+        after = scrape(s)
+        lines = [r.__dict__ for r in caplog.records if r.name == "voxwire.utterance"]
+    assert r.status_code == 200 and abs(len(r.content) - 2 * 24000 * 0.7) <= 4  # 7 words of 0.1 s, 24 kHz s16
+    assert abs(ws.done["samples"] - 24000 * 0.6) <= 2
+    for door in ("ws", "http"):
+        key = f"voxwire_utterances_total{{code=,door={door},outcome=done}}"
+        assert after[key] == before[key] + 1, door
+        ttfa = f"voxwire_ttfa_seconds_count{{door={door}}}"
+        assert after[ttfa] == before[ttfa] + 1, door
+    assert [line["door"] for line in lines] == ["ws", "http"]
+    for line in lines:
+        assert line["outcome"] == "done" and line["voice"] == "tone"
+        for figure in ("ttfa_ms", "audio_ms", "compute_ms", "rtf", "chunks", "samples", "segments", "cached"):
+            assert figure in line, figure
+        assert "text_digest" in line and "text" not in line
+    # The same capped capture behind both: each door's result is now a cache hit at the other.
+    with run_server(ServerConfig(cache_mb=16), engine=lambda: ToneEngine()) as s:
+        first = await synthesize_async(text, s.ws)
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(f"{s.http}/v1/audio/speech", json={"model": "m", "input": text, "voice": "tone"})
+            r2 = await http.post(f"{s.http}/v1/audio/speech", json={"model": "m", "input": "la la.", "voice": "tone"})
+        again_ws = await synthesize_async("la la.", s.ws)
+    assert first.done["cached"] is False and r.headers["x-voxwire-cached"] == "1"
+    assert r2.headers["x-voxwire-cached"] == "0" and again_ws.done["cached"] is True
+
+
+async def test_the_cache_caps_what_either_door_keeps():
+    # 16 kB of cache: a quarter (4 kB, 1000 float32 samples) per entry, less than one word.
+    with run_server(ServerConfig(cache_mb=16 / 1024), engine=lambda: ToneEngine()) as s:
+        await synthesize_async("la la.", s.ws)
+        async with httpx.AsyncClient(timeout=30) as http:
+            await http.post(f"{s.http}/v1/audio/speech", json={"model": "m", "input": "lo lo.", "voice": "tone"})
+            r = await http.post(f"{s.http}/v1/audio/speech", json={"model": "m", "input": "la la.", "voice": "tone"})
+        again = await synthesize_async("lo lo.", s.ws)
+        assert len(s.service.cache) == 0
+    assert r.headers["x-voxwire-cached"] == "0" and again.done["cached"] is False

@@ -1,0 +1,54 @@
+"""The server's own listening socket: a capped send buffer, so that backpressure holds for
+an HTTP client that stops reading (its body has no other flow control)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import orjson
+
+from server.config import ServerConfig
+from server.limits import Limits
+from server.run import SEND_BUFFER_BYTES, listening_socket
+from tests.conftest import run_server
+
+PCM_BYTES_PER_SECOND = 24000 * 2
+CLIENT_RECEIVE_BUFFER = 16 * 1024
+
+
+def test_connections_inherit_the_capped_send_buffer():
+    listener = listening_socket("127.0.0.1", 0)
+    listener.listen()
+    with socket.create_connection(listener.getsockname()) as client:
+        accepted, _ = listener.accept()
+        with accepted:
+            # Linux doubles what is asked, for its bookkeeping; autotuning would go to megabytes.
+            assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) <= 2 * SEND_BUFFER_BYTES
+    listener.close()
+
+
+async def test_a_paused_http_reader_has_a_bounded_amount_of_audio_computed_ahead():
+    limits = Limits(max_queue_seconds=1.0)
+    with run_server(ServerConfig(limits=limits, cache_mb=0)) as s:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_RECEIVE_BUFFER)  # before connect: the window
+        client.connect(("127.0.0.1", s.port))
+        text = "The lighthouse keeper climbed the stairs and wound the clock again. " * 30  # minutes of audio
+        body = orjson.dumps({"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm"})
+        client.sendall(
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        received = len(client.recv(4096))  # the head and the first audio, then the reader pauses
+        await asyncio.sleep(8.0)  # long enough for unbounded kernel buffers to fill with many seconds
+        (utterance,) = s.service.worker.utterances()
+        ahead = utterance.produced_seconds - received / PCM_BYTES_PER_SECOND
+        client.close()
+    # What may wait between the engine and the paused reader, as docs/reliability.md says:
+    # the utterance's queue, the send buffer (doubled by Linux), uvicorn's 64 KiB write
+    # buffer, the client's own receive buffer (doubled), and what is in flight inside the
+    # server: a frame being cut, the resampler's delay, one engine step (2 s covers them).
+    buffers = 2 * SEND_BUFFER_BYTES + 64 * 1024 + 2 * CLIENT_RECEIVE_BUFFER
+    bound = limits.max_queue_seconds + buffers / PCM_BYTES_PER_SECOND + 2.0
+    assert ahead <= bound, (ahead, bound)

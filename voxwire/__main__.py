@@ -1,0 +1,5 @@
+import sys
+
+from voxwire.cli import main
+
+sys.exit(main())
