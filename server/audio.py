@@ -79,6 +79,11 @@ class Rechunker:
         self._buffered = rest.size
         return frames
 
+    @property
+    def started(self) -> bool:
+        """The first frame has left."""
+        return self._started
+
     def flush(self) -> list[np.ndarray]:
         """Whatever is buffered, as one short frame."""
         if not self._buffered:
@@ -100,11 +105,20 @@ class OutputStream:
             else None
         )
         self._chunks = Rechunker(out_rate * chunk_ms // 1000, out_rate * MIN_CHUNK_MS // 1000)
+        self._first_in = in_rate * MIN_CHUNK_MS // 1000
+        self._pushed = 0
 
     def push(self, x: np.ndarray) -> list[np.ndarray]:
+        self._pushed += x.size
         if self._resampler is not None:
             x = self._resampler.resample_chunk(x)
-        return self._chunks.push(x)
+        frames = self._chunks.push(x)
+        if not frames and not self._chunks.started and self._pushed >= self._first_in:
+            # The engine has made a first frame's worth; what is missing at this rate is
+            # the resampler's delay, which follows with the next audio. Waiting for it
+            # would hold the first audio back by a whole engine step.
+            frames = self._chunks.flush()
+        return frames
 
     def flush(self) -> list[np.ndarray]:
         """Everything resampled so far, so a client's ``flush`` hears its text now.

@@ -6,8 +6,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from voxwire_client.sync import synthesize_async
 
 
-def scrape(server) -> dict[str, float]:
-    text = httpx.get(f"{server.http}/metrics").text
+def scrape(server, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """Every sample of a scrape, by name and labels (``name{k=v,...}``)."""
+    text = httpx.get(f"{server.http}/metrics", headers=headers).text
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -132,3 +132,30 @@ async def test_the_cache_caps_what_either_door_keeps():
         again = await synthesize_async("lo lo.", s.ws)
         assert len(s.service.cache) == 0
     assert r.headers["x-voxwire-cached"] == "0" and again.done["cached"] is False
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 22050, 24000, 44100, 48000])
+def test_a_first_piece_of_150_ms_makes_a_first_frame_at_every_rate(rate):
+    # Piper's first piece is 162.5 ms at 22.05 kHz; the resampler keeps some of it back.
+    piece = np.sin(np.arange(int(22050 * 1.1625)) * 0.05).astype(np.float32) * 0.3
+    stream = FrameStream(22050, settings(sample_rate=rate))
+    first = stream.receive(piece[: int(22050 * 0.1625)])
+    frames = [e for e in first if isinstance(e, AudioFrame)]
+    assert len(frames) == 1 and frames[0].samples >= rate * 0.13
+    rest = stream.receive(piece[int(22050 * 0.1625) :]) + stream.receive(Finished())
+    total = sum(e.samples for e in first + rest if isinstance(e, AudioFrame))
+    assert abs(total - rate * (0.1625 + 1.0)) <= 2  # nothing lost to the early first frame
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 24000, 44100, 48000])
+async def test_the_first_frame_leaves_after_the_first_engine_step_through_both_doors(piper_server, rate, caplog):
+    text = "The first audio should not wait for a second engine step at any rate."
+    with caplog.at_level(logging.INFO, logger="voxwire.utterance"):
+        ws = await synthesize_async(text, piper_server.ws, sample_rate=rate, format="mulaw" if rate == 8000 else "pcm_s16le")
+        async with httpx.AsyncClient(timeout=60) as http:
+            r = await http.post(f"{piper_server.http}/v1/audio/speech",
+                                json={"model": "tts-1", "input": text + " Again.", "voice": "joe", "response_format": "pcm"})
+    assert r.status_code == 200
+    assert ws.done["engine_steps_at_first_chunk"] == 1
+    (http_line,) = [rec for rec in caplog.records if rec.name == "voxwire.utterance" and rec.door == "http"]
+    assert http_line.engine_steps_at_first_chunk == 1  # 24 kHz, the OpenAI route's rate

@@ -11,7 +11,8 @@ import time
 
 import httpx
 
-from tests.conftest import free_port
+from tests.conftest import Loopback, free_port
+from tests.server.test_metrics import scrape
 
 
 def pids(port: int, n: int = 40) -> set[int]:
@@ -73,16 +74,8 @@ def _two(seen: set[int], without: int | None = None) -> set[int] | None:
 
 
 def scrape_totals(port: int) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with httpx.Client(timeout=10) as http:
-        text = http.get(f"http://127.0.0.1:{port}/metrics", headers={"Connection": "close"}).text
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-    return out
+    # A fresh connection each time, so the kernel may hand it to either worker.
+    return scrape(Loopback("127.0.0.1", port), headers={"Connection": "close"})
 
 
 DONE = "voxwire_utterances_total{code=,door=ws,outcome=done}"
