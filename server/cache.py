@@ -35,28 +35,44 @@ class CachedAudio:
 
 
 class Replay:
-    """A cached utterance streamed again: what the worker once produced, then Finished.
+    """A cached utterance streamed again: an utterance of its own kind.
 
-    It reads like the worker's queue (``get``), but it is its own kind: nothing computes
-    behind it, a ``flush`` is answered in order (before Finished), and there is nothing to
-    bound, because the audio is already in memory."""
+    It offers what the pipeline reads of the worker's utterance (a queue, flush, cancel,
+    its figures), but nothing computes behind it: its queue already holds what the worker
+    once produced, a ``flush`` is answered in order (before Finished, which its queue
+    gives last), and there is nothing to bound, as the audio is already in memory."""
 
-    def __init__(self, entry: CachedAudio) -> None:
+    complete = True
+    steps = 0
+    compute_seconds = 0.0
+    outcome: str | None = None
+
+    def __init__(self, audio: CachedAudio) -> None:
+        self.segments = audio.segments
+        self.queue = _ReplayQueue()
+        if audio.words:
+            self.queue.put(WordTimings(audio.words))
+        self.queue.put(audio.audio)
+
+    def feed(self, text: str, final: bool = False) -> None:
+        raise RuntimeError("a replay has all its text")
+
+    def flush(self) -> None:
+        self.queue.put(Flushed())
+
+    def cancel(self) -> None:
+        self.queue.clear()
+
+
+class _ReplayQueue:
+    def __init__(self) -> None:
         self._items: deque[Item] = deque()
-        if entry.words:
-            self._items.append(WordTimings(entry.words))
-        self._items.append(entry.audio)
 
     async def get(self) -> Item:
         return self._items.popleft() if self._items else Finished()
 
-    def flush(self) -> None:
-        self._items.append(Flushed())
-
-    def fail(self, failure: Failed) -> None:
-        """End the replay with ``failure`` next, whatever was left to send."""
-        self._items.clear()
-        self._items.append(failure)
+    def put(self, item: Item) -> None:
+        self._items.append(item)
 
     def clear(self) -> int:
         dropped = sum(i.shape[0] for i in self._items if isinstance(i, np.ndarray))

@@ -234,16 +234,15 @@ class Speech:
     @property
     def complete(self) -> bool:
         """All its text has arrived (a cached replay always has it)."""
-        return not isinstance(self._source, Utterance) or self._source.complete
+        return self._source.complete
 
     @property
     def text_chars(self) -> int:
         return sum(map(len, self._text))
 
     def feed(self, text: str, final: bool) -> None:
-        if isinstance(self._source, Utterance):
-            self._text.append(text)
-            self._source.feed(text, final)
+        self._text.append(text)
+        self._source.feed(text, final)
 
     def flush(self) -> None:
         self._source.flush()
@@ -251,11 +250,11 @@ class Speech:
     async def events(self) -> AsyncIterator[Event]:
         """What the client is sent, in order, up to and including Done or FailedEvent."""
         while True:
-            item = await self._source.get() if isinstance(self._source, Replay) else await self._source.queue.get()
+            item = await self._source.queue.get()
             for event in self.stream.receive(item):
                 if isinstance(event, AudioFrame) and self.first_frame_at is None:
                     self.first_frame_at = time.monotonic()
-                    self._steps_at_first_frame = self._source.steps if isinstance(self._source, Utterance) else 0
+                    self._steps_at_first_frame = self._source.steps
                 yield event
             if isinstance(item, Finished):
                 yield Done(self.figures())
@@ -264,21 +263,20 @@ class Speech:
                 return
 
     def figures(self) -> Figures:
-        u = self._source if isinstance(self._source, Utterance) else None
-        compute = u.compute_seconds if u else 0.0
+        source = self._source
         audio_s = self.stream.samples / self.settings.sample_rate
         ttfa = None if self.first_frame_at is None else round((self.first_frame_at - self.received_at) * 1000, 1)
         return Figures(
             ttfa_ms=ttfa,
             audio_ms=round(audio_s * 1000, 1),
-            compute_ms=round(compute * 1000, 1),
-            rtf=round(compute / audio_s, 4) if audio_s else None,
+            compute_ms=round(source.compute_seconds * 1000, 1),
+            rtf=round(source.compute_seconds / audio_s, 4) if audio_s else None,
             chunks=self.stream.frames,
             samples=self.stream.samples,
-            segments=u.segments if u else self._cached.segments if self._cached else 0,
-            engine_steps=u.steps if u else 0,
+            segments=source.segments,
+            engine_steps=source.steps,
             engine_steps_at_first_chunk=self._steps_at_first_frame,
-            cached=u is None,
+            cached=isinstance(source, Replay),
         )
 
     def abort(self, code: str, message: str) -> None:
@@ -286,20 +284,13 @@ class Speech:
         and the door's next event is FailedEvent, whatever was queued."""
         if self.outcome is not None:
             return
-        failure = Failed(code, message)
-        if isinstance(self._source, Utterance):
-            self._source.cancel()
-            self._source.queue.clear()
-            self._source.queue.put(failure)
-        else:
-            self._source.fail(failure)
+        self._source.cancel()
+        self._source.queue.clear()
+        self._source.queue.put(Failed(code, message))
 
     def drop_queued(self) -> None:
         """A barge-in: the audio queued for the client goes, now."""
-        if isinstance(self._source, Utterance):
-            self._source.queue.clear()
-        else:
-            self._source.clear()
+        self._source.queue.clear()
 
     def end(self, outcome: str, code: str | None = None) -> None:
         """The utterance is over (``done``, ``cancelled``, ``disconnected`` or ``failed``
@@ -309,10 +300,10 @@ class Speech:
             return
         self.outcome = outcome
         self._pipeline.open_speeches.discard(self)
-        if isinstance(self._source, Utterance) and self._source.outcome is None:
+        if self._source.outcome is None:
             self._source.cancel()
         self._pipeline.admission.end_utterance()
-        if outcome == "done" and self._key is not None and isinstance(self._source, Utterance):
+        if outcome == "done" and self._key is not None and self._cached is None:
             entry = self.stream.captured(self._source.segments)
             if entry is not None:
                 # Streamed text is keyed by what it added up to, for one-shot repeats of it.
