@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import TypeVar
 
 import numpy as np
@@ -38,8 +39,28 @@ class WorkerStats:
     busy_seconds: float = 0.0
 
 
+class State(Enum):
+    """Where an utterance is in its life. The first three are alive; the last three are
+    ended, each once, by the worker (or by a watchdog that gives up on its thread)."""
+
+    OPEN = "open"
+    """Text may still come."""
+    COMPLETE = "complete"
+    """All its text has arrived; it is being spoken."""
+    CANCELLING = "cancelling"
+    """Its session cancelled it; the worker closes its generator before its next step."""
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+ENDED = frozenset({State.FINISHED, State.CANCELLED, State.FAILED})
+
+
 class Utterance:
-    """One utterance's state, shared between its session and the worker."""
+    """One utterance's state, shared between its session and the worker. The session
+    feeds, flushes and cancels; the worker takes segments and steps them, through the
+    methods below, under the worker's lock where the two meet."""
 
     def __init__(self, worker: Worker, params: SynthesisParams, queue: AudioQueue, limits: SegmenterLimits) -> None:
         self.params = params
@@ -50,13 +71,10 @@ class Utterance:
         self.steps = 0
         self.segments = 0
         self.compute_seconds = 0.0
-        self.outcome: str | None = None  # finished | failed | cancelled, once it ends
-        self.generator_closed = False
+        self.state = State.OPEN
         self._worker = worker
         self._segmenter = Segmenter(limits)
         self._todo: deque[str | Flushed] = deque()
-        self._complete = False
-        self._cancelled = False
         self._current: Iterator[np.ndarray | WordTimings] | None = None
         self._segment_start = 0
 
@@ -68,7 +86,8 @@ class Utterance:
             self._todo.extend(self._segmenter.push(text))
             if final:
                 self._todo.extend(self._segmenter.flush())
-                self._complete = True
+                if self.state is State.OPEN:
+                    self.state = State.COMPLETE
             self._worker._cond.notify()
 
     def flush(self) -> None:
@@ -80,12 +99,24 @@ class Utterance:
 
     def cancel(self) -> None:
         with self._worker._cond:
-            self._cancelled = True
+            if self.state in (State.OPEN, State.COMPLETE):
+                self.state = State.CANCELLING
             self._worker._cond.notify()
 
     @property
     def complete(self) -> bool:
-        return self._complete
+        """No more text will come (all of it arrived, or it was cancelled or ended)."""
+        return self.state is not State.OPEN
+
+    @property
+    def outcome(self) -> str | None:
+        """``finished``, ``cancelled`` or ``failed`` once it has ended; None before."""
+        return self.state.value if self.state in ENDED else None
+
+    @property
+    def generator_closed(self) -> bool:
+        """It has ended and no engine generator of its is left open."""
+        return self.state in ENDED and self._current is None
 
     @property
     def produced_seconds(self) -> float:
@@ -94,9 +125,51 @@ class Utterance:
     # -- scheduling (under the worker's lock) -------------------------------------------
 
     def runnable(self) -> bool:
-        return self.outcome is None and not self._cancelled and (
-            self._current is not None or bool(self._todo) or self._complete
+        return self.state is State.COMPLETE or (
+            self.state is State.OPEN and (self._current is not None or bool(self._todo))
         )
+
+    # -- the worker's side (on the inference thread) ------------------------------------
+
+    @property
+    def in_segment(self) -> bool:
+        return self._current is not None
+
+    def take(self) -> str | Flushed | None:
+        """What to do next between segments: a segment's text, a flush marker, or None
+        when every segment has been spoken."""
+        with self._worker._cond:
+            return self._todo.popleft() if self._todo else None
+
+    def begin_segment(self, pieces: Iterator[np.ndarray | WordTimings]) -> None:
+        self.segments += 1
+        self._segment_start = self.produced_samples
+        self._current = pieces
+
+    def next_piece(self) -> np.ndarray | WordTimings | None:
+        """The segment's next piece; None when the segment is done."""
+        assert self._current is not None
+        try:
+            return next(self._current)
+        except StopIteration:
+            self._current = None
+            return None
+
+    def on_utterance_timeline(self, words: WordTimings) -> WordTimings:
+        """Segment-relative word timings from the engine, on the utterance's timeline."""
+        shift = self._segment_start
+        return WordTimings(tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in words.words))
+
+    def close_generator(self) -> bool:
+        """Close the engine generator in progress, if any; True if there was one."""
+        if self._current is None:
+            return False
+        try:
+            self._current.close()
+        except Exception:
+            log.exception("engine generator failed to close")
+        self._current = None
+        return True
 
     def backlogged(self) -> bool:
         return self.queue.full()
@@ -203,7 +276,7 @@ class Worker:
         for _, future in calls:
             future.set_exception(EngineError("engine_restarted", "the engine was restarted after a fault; retry"))
         for u in leftover:
-            u.outcome = "failed"
+            u.state = State.FAILED
             self.stats.failures += 1
             if u is stuck:
                 u.queue.put(Failed(code, message))
@@ -256,7 +329,7 @@ class Worker:
             with self._cond:
                 leftover, self._utterances = self._utterances, []
             for u in leftover:
-                self._end(u, "cancelled", None)
+                self._end(u, State.CANCELLED, None)
             self.engine.close()
 
     def _loop(self, engine: Engine) -> None:
@@ -265,7 +338,7 @@ class Worker:
                 while True:
                     if self._stopping:
                         return
-                    cancelled = [u for u in self._utterances if u._cancelled]
+                    cancelled = [u for u in self._utterances if u.state is State.CANCELLING]
                     for u in cancelled:
                         self._utterances.remove(u)
                     call = self._calls.popleft() if self._calls else None
@@ -274,7 +347,7 @@ class Worker:
                         break
                     self._cond.wait()
             for u in cancelled:
-                self._end(u, "cancelled", None)
+                self._end(u, State.CANCELLED, None)
             if call is not None:
                 self._run_call(engine, *call)
             if chosen:
@@ -296,37 +369,38 @@ class Worker:
             self._calling, self._step_started_at = None, None
 
     def _advance(self, engine: Engine, u: Utterance) -> None:
-        if u._current is None:
-            with self._cond:
-                item = u._todo.popleft() if u._todo else None
-            if item is None:  # complete, and every segment has been spoken
-                self._end(u, "finished", Finished())
+        """One engine step for ``u``: start its next segment if none is in progress, take
+        one piece from it, and hand the piece to its queue."""
+        segment = None
+        if not u.in_segment:
+            segment = u.take()
+            if segment is None:  # complete, and every segment has been spoken
+                self._end(u, State.FINISHED, Finished())
                 return
-            if isinstance(item, Flushed):
-                u.queue.put(item)
+            if isinstance(segment, Flushed):
+                u.queue.put(segment)
                 return
-            u.segments += 1
-            u._segment_start = u.produced_samples
-        else:
-            item = None
+        piece = self._step(engine, u, segment)
+        if piece is not None:
+            self._deliver(u, piece)
+
+    def _step(self, engine: Engine, u: Utterance, segment: str | None) -> np.ndarray | WordTimings | None:
+        """Run the engine for one piece, timed and contained: an engine error fails this
+        utterance alone. None when there is nothing to deliver."""
         start = time.perf_counter()
         self._stepping, self._step_started_at = u, time.monotonic()
         try:
-            if item is not None:
-                u._current = iter(engine.synthesize(item, u.params))
-            assert u._current is not None
-            piece = next(u._current)
-        except StopIteration:
-            u._current = None
-            return
+            if segment is not None:
+                u.begin_segment(iter(engine.synthesize(segment, u.params)))
+            piece = u.next_piece()
         except EngineError as e:
-            self._end(u, "failed", Failed(e.code, e.message))
-            return
-        except Exception as e:  # contained: this utterance fails, the others go on
+            self._end(u, State.FAILED, Failed(e.code, e.message))
+            return None
+        except Exception:  # contained: this utterance fails, the others go on
             log.exception("engine error in utterance")
             # The message is for the listener; the exception and its trace are in the log.
-            self._end(u, "failed", Failed("engine_error", "the engine failed on this utterance; the others go on"))
-            return
+            self._end(u, State.FAILED, Failed("engine_error", "the engine failed on this utterance; the others go on"))
+            return None
         finally:
             self._stepping, self._step_started_at = None, None
             elapsed = time.perf_counter() - start
@@ -336,34 +410,29 @@ class Worker:
             self.stats.busy_seconds += elapsed
             if self.on_step is not None:
                 self.on_step(elapsed)
-        if u.outcome is not None:  # abandoned while this step ran: its audio goes nowhere
-            self._end(u, "failed", None)
-            return
+        if u.state in ENDED:  # abandoned while this step ran: its audio goes nowhere
+            self._end(u, State.FAILED, None)
+            return None
+        return piece
+
+    def _deliver(self, u: Utterance, piece: np.ndarray | WordTimings) -> None:
         if isinstance(piece, WordTimings):
-            # Segment-relative from the engine; the listener's timeline is the utterance's.
-            shift = u._segment_start
-            u.queue.put(WordTimings(tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in piece.words)))
+            u.queue.put(u.on_utterance_timeline(piece))
             return
-        piece = np.asarray(piece, dtype=np.float32).reshape(-1)
-        if piece.size:
+        audio = np.asarray(piece, dtype=np.float32).reshape(-1)
+        if audio.size:
             if u.first_audio_at is None:
                 u.first_audio_at = time.monotonic()
-            u.produced_samples += piece.size
-            u.queue.put(piece)
+            u.produced_samples += audio.size
+            u.queue.put(audio)
 
-    def _end(self, u: Utterance, outcome: str, item: Finished | Failed | None) -> None:
-        if u._current is not None:
-            try:
-                u._current.close()
-            except Exception:
-                log.exception("engine generator failed to close")
-            u._current = None
+    def _end(self, u: Utterance, state: State, item: Finished | Failed | None) -> None:
+        if u.close_generator():
             self.stats.generators_closed += 1
-        u.generator_closed = True
-        if u.outcome is not None:
+        if u.state in ENDED:
             return  # already ended and reported (abandoned by a watchdog)
-        u.outcome = outcome
-        if outcome == "failed":
+        u.state = state
+        if state is State.FAILED:
             self.stats.failures += 1
         with self._cond:
             if u in self._utterances:
