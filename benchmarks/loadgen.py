@@ -94,7 +94,7 @@ async def speak(ws: Any, text: str, settings: dict[str, Any], start_ms: float = 
     return result
 
 
-async def _connect(url: str, headers: dict[str, str] | None) -> Any:
+async def connect(url: str, headers: dict[str, str] | None) -> Any:
     ws = await websockets.connect(url, max_size=None, open_timeout=60, additional_headers=headers)
     ready = orjson.loads(await asyncio.wait_for(ws.recv(), 60))
     if ready.get("type") != "ready":
@@ -114,7 +114,7 @@ async def closed_loop(
     settings = settings or {}
 
     async def client(i: int) -> list[UtteranceResult]:
-        ws = await _connect(url, headers)
+        ws = await connect(url, headers)
         out = []
         try:
             for k in range(per_client):
@@ -145,7 +145,7 @@ async def poisson(
     tasks = []
 
     async def one(text: str) -> UtteranceResult:
-        ws = await _connect(url, headers)
+        ws = await connect(url, headers)
         try:
             return await speak(ws, text, settings)
         finally:

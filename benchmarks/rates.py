@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import httpx
 
 from benchmarks import loadgen
 from benchmarks.corpus import REPLIES
-from benchmarks.machine import facts
+from benchmarks.report import save_results
 from benchmarks.process import free_port, spawn_voxwire, stop
 
 SOCKET = {
@@ -50,7 +49,7 @@ async def openai_ttfa(http: httpx.AsyncClient, text: str) -> float:
 async def measure(port: int, rounds: int) -> dict[str, list[float]]:
     url = f"ws://127.0.0.1:{port}/v1/stream"
     out: dict[str, list[float]] = {name: [] for name in [*SOCKET, "openai 24k"]}
-    ws = await loadgen._connect(url, None)
+    ws = await loadgen.connect(url, None)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
         await loadgen.speak(ws, "Warming up.", {})
         for i in range(rounds):
@@ -81,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {"median_ms": round(median, 1), "ratio_to_native": round(median / native, 2), "ms": values}
         print(f"{name:>11}: TTFA median {median:6.1f} ms, {median / native:4.2f}x native")
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        report = {"machine": facts(), "args": vars(args) | {"out": str(args.out)}, "ttfa": rows}
-        (args.out / "rates.json").write_text(json.dumps(report, indent=2))
+        save_results(args.out / "rates.json", args, ttfa=rows)
     return 0
 
 

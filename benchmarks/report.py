@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 from typing import Any
+
+from benchmarks.machine import facts
+
+
+def save_results(path: Path, args: argparse.Namespace, **figures: Any) -> None:
+    """A benchmark's figures as JSON, with the machine and the arguments that made them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arguments = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    path.write_text(json.dumps({"machine": facts(), "args": arguments, **figures}, indent=2))
 
 
 def _ms(x: float | None) -> str:

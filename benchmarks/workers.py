@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import loadgen
 from benchmarks.corpus import first_sentence
-from benchmarks.machine import facts
+from benchmarks.report import save_results
 from benchmarks.process import free_port, spawn_voxwire, stop
 from benchmarks.stats import percentiles
 
@@ -85,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p95 TTFA {many['ttfa_ms']['p95']:7.1f} ms  | throughput ratio {many['audio_s_per_s'] / one['audio_s_per_s']:.2f}"
         )
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        report = {"machine": facts(), "args": vars(args) | {"out": str(args.out)}, "rounds": rounds}
-        (args.out / "workers.json").write_text(json.dumps(report, indent=2))
+        save_results(args.out / "workers.json", args, rounds=rounds)
     return 0
 
 

@@ -237,6 +237,11 @@ class Speech:
         return self._source.complete
 
     @property
+    def cached(self) -> bool:
+        """It is replayed from the result cache."""
+        return isinstance(self._source, Replay)
+
+    @property
     def text_chars(self) -> int:
         return sum(map(len, self._text))
 
@@ -276,7 +281,7 @@ class Speech:
             segments=source.segments,
             engine_steps=source.steps,
             engine_steps_at_first_chunk=self._steps_at_first_frame,
-            cached=isinstance(source, Replay),
+            cached=self.cached,
         )
 
     def abort(self, code: str, message: str) -> None:

@@ -111,7 +111,8 @@ class Service:
     async def start(self) -> None:
         self.metrics.bind_loop(asyncio.get_running_loop())
         await asyncio.to_thread(self.load)
-        self._refresher = asyncio.create_task(self.metrics.refresh_every(), name="metrics-refresh")
+        if self.metrics.multiprocess:  # alone, a process refreshes its gauges at each scrape
+            self._refresher = asyncio.create_task(self.metrics.refresh_every(), name="metrics-refresh")
 
     def stop(self) -> None:
         self.draining = True
