@@ -1,9 +1,13 @@
 """The contract between an engine and the worker thread that drives it.
 
 An engine turns one segment of text into audio. It knows nothing of sockets, queues or
-scheduling: the worker owns those. Each ``next()`` on the iterator returned by
-``synthesize`` is one step of computation, so the worker can interleave many utterances
-on one thread and stop one of them between two steps by closing its generator.
+scheduling: the worker owns those. ``open`` makes a ``Stream``, one segment's model
+state between steps, and each ``step`` call advances a batch of streams by one step
+each, so the worker can advance every runnable utterance together (continuous
+batching) and stop any one of them between two steps by closing its stream.
+
+An engine that cannot batch only writes ``synthesize`` as a generator: each ``next()``
+is one step, and the default ``open``/``step`` run it as a batch of one.
 """
 
 from __future__ import annotations
@@ -71,6 +75,47 @@ class EngineError(Exception):
         self.message = message
 
 
+@dataclass
+class Step:
+    """What one engine step gave one stream: its pieces, in order (``WordTimings`` ahead
+    of the audio they describe), and whether its segment is now fully spoken."""
+
+    pieces: list[np.ndarray | WordTimings]
+    done: bool
+
+
+class Stream:
+    """One segment being synthesised: the engine's state for it between steps."""
+
+    memory_bytes: int = 0
+    """Device memory this stream may hold at its largest (its caches): the worker admits
+    a stream only while the streams it runs fit the memory budget."""
+
+    def cost(self) -> int:
+        """The work of this stream's next step, in the engine's own units (frames,
+        tokens): the worker fills a step up to ``Engine.step_budget`` of them."""
+        return 1
+
+    def close(self) -> None:
+        """Release what the stream holds; called once, whether or not it finished."""
+
+
+class GeneratorStream(Stream):
+    """A ``synthesize`` generator seen as a stream: one ``next()`` per step."""
+
+    def __init__(self, pieces: Iterator[np.ndarray | WordTimings]) -> None:
+        self._pieces = pieces
+
+    def step(self) -> Step:
+        try:
+            return Step([next(self._pieces)], done=False)
+        except StopIteration:
+            return Step([], done=True)
+
+    def close(self) -> None:
+        self._pieces.close()  # type: ignore[attr-defined]
+
+
 class Engine(ABC):
     """A loaded model. All methods but ``voices`` run on the engine's worker thread."""
 
@@ -82,6 +127,14 @@ class Engine(ABC):
     clones_voices: bool = False
     """Whether ``register_voice`` can make a voice: the server refuses uploads otherwise,
     before it decodes anything."""
+    max_batch: int = 1
+    """Streams one ``step`` may advance together; 1 for an engine that cannot batch."""
+    step_budget: int | None = None
+    """The most ``Stream.cost`` units one step may take on (None: no bound). The first
+    stream chosen always goes in, whatever its cost."""
+    memory_budget: int | None = None
+    """Bytes of ``Stream.memory_bytes`` the engine's streams may hold together (None: no
+    bound); the server's setting overrides it."""
 
     @abstractmethod
     def voices(self) -> Sequence[Voice]:
@@ -97,14 +150,50 @@ class Engine(ABC):
         voices = self.voices()
         return voices[0].id if voices else None
 
-    @abstractmethod
     def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray | WordTimings]:
         """Yield float32 mono pieces at ``sample_rate`` for one segment of text, and, where
         the engine has alignments, ``WordTimings`` ahead of the audio they describe.
 
         Raise ``EngineError`` for failures the client can act on; any other exception is
         reported as an internal engine error for that utterance alone.
+
+        A batching engine overrides ``open`` and ``step`` instead, and gets this for free:
+        the segment's pieces, stepped alone.
         """
+        if type(self).open is Engine.open:
+            raise NotImplementedError(f"{type(self).__name__} defines neither synthesize nor open and step")
+        stream = self.open(text, params)
+        try:
+            while True:
+                (result,) = self.step([stream])
+                if isinstance(result, Exception):
+                    raise result
+                yield from result.pieces
+                if result.done:
+                    return
+        finally:
+            stream.close()
+
+    def open(self, text: str, params: SynthesisParams) -> Stream:
+        """Begin one segment. Cheap: model work belongs in ``step``. May raise
+        ``EngineError`` (an unknown voice, a text the engine refuses)."""
+        return GeneratorStream(iter(self.synthesize(text, params)))
+
+    def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
+        """Advance each stream by one step; one result per stream, in order. A stream
+        that failed gets its exception in its place and the others carry on.
+
+        A batching engine may raise for the whole batch (a failure it cannot pin on one
+        stream); it must then leave every stream as it was before the call, so that the
+        worker can step them one by one and fail only the one at fault."""
+        results: list[Step | Exception] = []
+        for stream in streams:
+            assert isinstance(stream, GeneratorStream), "an engine that overrides open overrides step"
+            try:
+                results.append(stream.step())
+            except Exception as e:  # this stream's failure; the others carry on
+                results.append(e)
+        return results
 
     def register_voice(
         self, audio: np.ndarray, sample_rate: int, transcript: str, name: str

@@ -10,6 +10,12 @@
    who started hearing at t0 and was given d seconds runs dry at t0 + d.
 4. An utterance whose queue is full is skipped: its client reads slowly, and computing
    further ahead would only buffer audio without bound.
+
+Each step advances a batch: utterances are taken in that order up to the engine's batch
+size, and while their work fits the step budget (the first always goes in, so a step is
+never empty). A stream joins only while its memory fits what is left of the budget; the
+first newcomer that does not fit waits, and no later newcomer passes it, so a large
+utterance is not starved by a run of small ones.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ class Schedulable(Protocol):
     def produced_seconds(self) -> float: ...
     def runnable(self) -> bool: ...
     def backlogged(self) -> bool: ...
+    def cost(self) -> int: ...
+    def memory_needed(self) -> int: ...
 
 
 def playback_deadline(u: Schedulable) -> float:
@@ -51,9 +59,34 @@ def priority(u: Schedulable, now: float) -> tuple[int, float]:
 T = TypeVar("T", bound=Schedulable)
 
 
-def pick(utterances: Iterable[T], limit: int = 1, now: float | None = None) -> list[T]:
-    """Up to ``limit`` utterances to advance in the next step, most urgent first."""
+def pick(
+    utterances: Iterable[T],
+    limit: int = 1,
+    budget: int | None = None,
+    memory_left: int | None = None,
+    now: float | None = None,
+) -> list[T]:
+    """The next step's batch, most urgent first: at most ``limit`` utterances whose
+    ``cost`` adds up to at most ``budget`` (past the first), and whose new streams'
+    ``memory_needed`` fits ``memory_left`` (None: no bound)."""
     now = time.monotonic() if now is None else now
     ready = [u for u in utterances if u.runnable() and not u.backlogged()]
     ready.sort(key=lambda u: priority(u, now))
-    return ready[:limit]
+    batch: list[T] = []
+    spent = 0
+    memory_blocked = False
+    for u in ready:
+        if len(batch) == limit:
+            break
+        need = u.memory_needed()
+        if need and (memory_blocked or (memory_left is not None and need > memory_left)):
+            memory_blocked = True  # it waits for memory, and the newcomers behind it too
+            continue
+        cost = u.cost()
+        if batch and budget is not None and spent + cost > budget:
+            continue
+        batch.append(u)
+        spent += cost
+        if memory_left is not None:
+            memory_left -= need
+    return batch

@@ -1,10 +1,12 @@
 """One inference thread per device: it owns the engine and advances every utterance.
 
-Each utterance keeps its model state in the engine's generator between steps, so many
-utterances are alive at once while the thread advances one of them at a time, in the
-order engine/scheduler.py decides. Callers on the event loop only append text, flush or
-cancel, under the worker's lock; the worker alone touches generators, so a cancelled
-utterance's generator is closed on the thread that runs it, before its next step.
+Each utterance keeps its model state in an engine ``Stream`` between steps, so many
+utterances are alive at once. Each step advances a batch of them together: the ones
+engine/scheduler.py picks, up to the engine's batch size, step budget and memory budget
+(continuous batching: newcomers join between steps, finished ones leave). Callers on the
+event loop only append text, flush or cancel, under the worker's lock; the worker alone
+touches streams, so a cancelled utterance's stream is closed on the thread that runs it,
+before its next step, while the rest of its batch carries on.
 """
 
 from __future__ import annotations
@@ -13,17 +15,17 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TypeVar
 
 import numpy as np
 
 from engine import scheduler
-from engine.base import Engine, EngineError, SynthesisParams, WordTimings
+from engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
 from engine.audio_queue import AudioQueue, Failed, Finished, Flushed
 from engine.text.segment import Segmenter, SegmenterLimits
 
@@ -34,9 +36,15 @@ T = TypeVar("T")
 @dataclass
 class WorkerStats:
     steps: int = 0
+    """Engine step calls; each advances a batch."""
     generators_closed: int = 0
+    """Streams closed before their segment was done (cancel, disconnect, failure)."""
     failures: int = 0
     busy_seconds: float = 0.0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    """Steps by the number of utterances they advanced."""
+    memory_waits: int = 0
+    """Times a stream that was due to run waited because the memory budget was spent."""
 
 
 class State(Enum):
@@ -59,8 +67,8 @@ ENDED = frozenset({State.FINISHED, State.CANCELLED, State.FAILED})
 
 class Utterance:
     """One utterance's state, shared between its session and the worker. The session
-    feeds, flushes and cancels; the worker takes segments and steps them, through the
-    methods below, under the worker's lock where the two meet."""
+    feeds, flushes and cancels; the worker takes segments and steps their streams,
+    through the methods below, under the worker's lock where the two meet."""
 
     def __init__(self, worker: Worker, params: SynthesisParams, queue: AudioQueue, limits: SegmenterLimits) -> None:
         self.params = params
@@ -71,11 +79,13 @@ class Utterance:
         self.steps = 0
         self.segments = 0
         self.compute_seconds = 0.0
+        """Its share of the steps it took part in (a step's time over its batch size)."""
         self.state = State.OPEN
         self._worker = worker
         self._segmenter = Segmenter(limits)
         self._todo: deque[str | Flushed] = deque()
-        self._current: Iterator[np.ndarray | WordTimings] | None = None
+        self._stream: Stream | None = None
+        self._admitted = False  # its stream's memory is counted against the budget
         self._segment_start = 0
 
     # -- called by the session, on the event loop ---------------------------------------
@@ -88,20 +98,20 @@ class Utterance:
                 self._todo.extend(self._segmenter.flush())
                 if self.state is State.OPEN:
                     self.state = State.COMPLETE
-            self._worker._cond.notify()
+            self._worker._changed()
 
     def flush(self) -> None:
         """Synthesise what is buffered now, then mark the point with ``Flushed``."""
         with self._worker._cond:
             self._todo.extend(self._segmenter.flush())
             self._todo.append(Flushed())
-            self._worker._cond.notify()
+            self._worker._changed()
 
     def cancel(self) -> None:
         with self._worker._cond:
             if self.state in (State.OPEN, State.COMPLETE):
                 self.state = State.CANCELLING
-            self._worker._cond.notify()
+            self._worker._changed()
 
     @property
     def complete(self) -> bool:
@@ -115,8 +125,8 @@ class Utterance:
 
     @property
     def generator_closed(self) -> bool:
-        """It has ended and no engine generator of its is left open."""
-        return self.state in ENDED and self._current is None
+        """It has ended and no engine stream of its is left open."""
+        return self.state in ENDED and self._stream is None
 
     @property
     def produced_seconds(self) -> float:
@@ -126,53 +136,64 @@ class Utterance:
 
     def runnable(self) -> bool:
         return self.state is State.COMPLETE or (
-            self.state is State.OPEN and (self._current is not None or bool(self._todo))
+            self.state is State.OPEN and (self._stream is not None or bool(self._todo))
         )
+
+    def backlogged(self) -> bool:
+        return self.queue.full()
+
+    def cost(self) -> int:
+        return self._stream.cost() if self._stream is not None else 1
+
+    def memory_needed(self) -> int:
+        """Bytes its stream needs admitted before its first step; 0 once admitted."""
+        return 0 if self._stream is None or self._admitted else self._stream.memory_bytes
 
     # -- the worker's side (on the inference thread) ------------------------------------
 
     @property
-    def in_segment(self) -> bool:
-        return self._current is not None
+    def stream(self) -> Stream | None:
+        return self._stream
 
     def take(self) -> str | Flushed | None:
         """What to do next between segments: a segment's text, a flush marker, or None
-        when every segment has been spoken."""
+        when no segment is waiting."""
         with self._worker._cond:
             return self._todo.popleft() if self._todo else None
 
-    def begin_segment(self, pieces: Iterator[np.ndarray | WordTimings]) -> None:
+    def begin_segment(self, stream: Stream) -> None:
         self.segments += 1
         self._segment_start = self.produced_samples
-        self._current = pieces
+        self._stream, self._admitted = stream, False
 
-    def next_piece(self) -> np.ndarray | WordTimings | None:
-        """The segment's next piece; None when the segment is done."""
-        assert self._current is not None
-        try:
-            return next(self._current)
-        except StopIteration:
-            self._current = None
-            return None
+    @property
+    def admitted(self) -> bool:
+        return self._admitted
+
+    def admit(self) -> int:
+        """Count its stream against the memory budget; the bytes it takes."""
+        assert self._stream is not None and not self._admitted
+        self._admitted = True
+        return self._stream.memory_bytes
 
     def on_utterance_timeline(self, words: WordTimings) -> WordTimings:
         """Segment-relative word timings from the engine, on the utterance's timeline."""
         shift = self._segment_start
         return WordTimings(tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in words.words))
 
-    def close_generator(self) -> bool:
-        """Close the engine generator in progress, if any; True if there was one."""
-        if self._current is None:
-            return False
+    def close_stream(self) -> tuple[bool, int]:
+        """Close the engine stream in progress, if any: whether there was one, and the
+        admitted memory it gives back."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return False, 0
+        freed = stream.memory_bytes if self._admitted else 0
+        self._admitted = False
         try:
-            self._current.close()
+            stream.close()
         except Exception:
-            log.exception("engine generator failed to close")
-        self._current = None
-        return True
-
-    def backlogged(self) -> bool:
-        return self.queue.full()
+            log.exception("engine stream failed to close")
+        return True, freed
 
 
 class Worker:
@@ -185,22 +206,34 @@ class Worker:
         segmenter_limits: SegmenterLimits = SegmenterLimits(),
         name: str = "voxwire-worker",
         warmup: bool = True,
+        max_batch: int | None = None,
+        memory_budget: int | None = None,
     ) -> None:
+        """``max_batch`` caps the engine's own batch size (1 turns batching off);
+        ``memory_budget`` (bytes) replaces the engine's own budget for its streams."""
         self.stats = WorkerStats()
-        self.on_step: Callable[[float], None] | None = None
-        """Called on this thread with each engine step's duration (a metrics hook)."""
+        self.on_step: Callable[[float, int], None] | None = None
+        """Called on this thread with each engine step's duration and batch size (a
+        metrics hook)."""
         self.max_queue_seconds = max_queue_seconds
         self.segmenter_limits = segmenter_limits
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.engine: Engine | None = None
+        self.max_batch = 1
+        self.memory_budget: int | None = None
+        self.memory_used = 0
+        """Bytes of ``Stream.memory_bytes`` admitted now."""
+        self._max_batch_setting = max_batch
+        self._memory_budget_setting = memory_budget
         self._factory = engine_factory
         self._warmup = warmup
         self._cond = threading.Condition()
+        self._changes = 0  # counts what callers changed, so an idle loop knows to look again
         self._utterances: list[Utterance] = []
         self._stopping = False
         self._calls: deque[tuple[Callable[[Engine], object], Future[object]]] = deque()
-        self._stepping: Utterance | None = None
+        self._stepping: list[Utterance] = []
         self._calling: Future[object] | None = None
         self._step_started_at: float | None = None
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -228,7 +261,7 @@ class Worker:
     def stop(self, timeout: float = 10.0) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._changed()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -262,15 +295,15 @@ class Worker:
         return 0.0 if started is None else time.monotonic() - started
 
     def abandon(self, code: str, message: str) -> None:
-        """Give up on a stuck thread: fail the utterance in its step with ``code`` and
+        """Give up on a stuck thread: fail the utterances in its step with ``code`` and
         every other one with ``engine_restarted``, then let the thread exit if it ever
         returns. Called from another thread; the stuck one cannot be interrupted."""
         with self._cond:
             self._stopping = True
-            stuck, leftover, self._utterances = self._stepping, self._utterances, []
+            stuck, leftover, self._utterances = list(self._stepping), self._utterances, []
             calls, self._calls = list(self._calls), deque()
             running_call, self._calling = self._calling, None
-            self._cond.notify()
+            self._changed()
         if running_call is not None and not running_call.done():
             running_call.set_exception(EngineError(code, message))
         for _, future in calls:
@@ -278,7 +311,7 @@ class Worker:
         for u in leftover:
             u.state = State.FAILED
             self.stats.failures += 1
-            if u is stuck:
+            if u in stuck:
                 u.queue.put(Failed(code, message))
             else:
                 u.queue.put(Failed("engine_restarted", "the engine was restarted after a fault; please retry"))
@@ -291,7 +324,7 @@ class Worker:
             if self._stopping:
                 raise EngineError("shutting_down", "the server is shutting down")
             self._utterances.append(u)
-            self._cond.notify()
+            self._changed()
         return u
 
     def call(self, fn: Callable[[Engine], T]) -> Future[T]:
@@ -303,12 +336,17 @@ class Worker:
             if self._stopping:
                 raise EngineError("shutting_down", "the engine is stopping")
             self._calls.append((fn, future))  # type: ignore[arg-type]
-            self._cond.notify()
+            self._changed()
         return future
+
+    def _changed(self) -> None:
+        """Under the lock: something the loop acts on changed; wake it."""
+        self._changes += 1
+        self._cond.notify()
 
     def _wake(self) -> None:
         with self._cond:
-            self._cond.notify()
+            self._changed()
 
     # -- the inference thread -----------------------------------------------------------
 
@@ -322,36 +360,44 @@ class Worker:
             self.load_error = e
             self.ready.set()
             return
+        engine = self.engine
+        self.max_batch = max(1, min(engine.max_batch, self._max_batch_setting or engine.max_batch))
+        self.memory_budget = self._memory_budget_setting or engine.memory_budget
         self.ready.set()
         try:
-            self._loop(self.engine)
+            self._loop(engine)
         finally:
             with self._cond:
                 leftover, self._utterances = self._utterances, []
             for u in leftover:
                 self._end(u, State.CANCELLED, None)
-            self.engine.close()
+            engine.close()
 
     def _loop(self, engine: Engine) -> None:
+        seen = -1
         while True:
             with self._cond:
-                while True:
-                    if self._stopping:
-                        return
-                    cancelled = [u for u in self._utterances if u.state is State.CANCELLING]
-                    for u in cancelled:
-                        self._utterances.remove(u)
-                    call = self._calls.popleft() if self._calls else None
-                    chosen = [] if call else scheduler.pick(self._utterances)
-                    if chosen or cancelled or call:
-                        break
-                    self._cond.wait()
+                while self._changes == seen and not self._stopping:
+                    self._cond.wait()  # nothing could run, and nothing has changed since
+                if self._stopping:
+                    return
+                seen = self._changes
+                cancelled = [u for u in self._utterances if u.state is State.CANCELLING]
+                for u in cancelled:
+                    self._utterances.remove(u)
+                call = self._calls.popleft() if self._calls else None
             for u in cancelled:
                 self._end(u, State.CANCELLED, None)
             if call is not None:
                 self._run_call(engine, *call)
-            if chosen:
-                self._advance(engine, chosen[0])
+                seen = -1
+                continue
+            opened = self._between_segments(engine)
+            batch = self._choose()
+            if batch:
+                self._step(engine, batch)
+            if batch or opened or cancelled:
+                seen = -1  # made progress: look again at once
 
     def _run_call(self, engine: Engine, fn: Callable[[Engine], object], future: Future[object]) -> None:
         if not future.set_running_or_notify_cancel():
@@ -368,66 +414,132 @@ class Worker:
         finally:
             self._calling, self._step_started_at = None, None
 
-    def _advance(self, engine: Engine, u: Utterance) -> None:
-        """One engine step for ``u``: start its next segment if none is in progress, take
-        one piece from it, and hand the piece to its queue."""
-        segment = None
-        if not u.in_segment:
-            segment = u.take()
-            if segment is None:  # complete, and every segment has been spoken
-                self._end(u, State.FINISHED, Finished())
-                return
-            if isinstance(segment, Flushed):
-                u.queue.put(segment)
-                return
-        piece = self._step(engine, u, segment)
-        if piece is not None:
-            self._deliver(u, piece)
+    def _between_segments(self, engine: Engine) -> bool:
+        """For each utterance with no stream, do what comes next: pass on a flush marker,
+        finish it once all its text is spoken, or open its next segment's stream (cheap:
+        no model work). Whether anything happened."""
+        with self._cond:
+            idle = [u for u in self._utterances if u.stream is None and u.runnable() and not u.backlogged()]
+        acted = False
+        for u in idle:
+            while u.state in (State.OPEN, State.COMPLETE):
+                segment = u.take()
+                if segment is None:
+                    if u.state is State.COMPLETE:  # every segment has been spoken
+                        self._end(u, State.FINISHED, Finished())
+                        acted = True
+                    break
+                acted = True
+                if isinstance(segment, Flushed):
+                    u.queue.put(segment)
+                    continue
+                self._open(engine, u, segment)
+                break
+        return acted
 
-    def _step(self, engine: Engine, u: Utterance, segment: str | None) -> np.ndarray | WordTimings | None:
-        """Run the engine for one piece, timed and contained: an engine error fails this
-        utterance alone. None when there is nothing to deliver."""
-        start = time.perf_counter()
-        self._stepping, self._step_started_at = u, time.monotonic()
+    def _open(self, engine: Engine, u: Utterance, text: str) -> None:
         try:
-            if segment is not None:
-                u.begin_segment(iter(engine.synthesize(segment, u.params)))
-            piece = u.next_piece()
-        except EngineError as e:
-            self._end(u, State.FAILED, Failed(e.code, e.message))
-            return None
-        except Exception:  # contained: this utterance fails, the others go on
-            log.exception("engine error in utterance")
-            # The message is for the listener; the exception and its trace are in the log.
-            self._end(u, State.FAILED, Failed("engine_error", "the engine failed on this utterance; the others go on"))
-            return None
+            stream = engine.open(text, u.params)
+        except Exception as e:  # contained: this utterance fails, the others go on
+            self._fail(u, e)
+            return
+        u.begin_segment(stream)
+        if self.memory_budget is not None and stream.memory_bytes > self.memory_budget:
+            mb = 1 << 20
+            self._end(u, State.FAILED, Failed(
+                "over_memory_budget",
+                f"this text needs {stream.memory_bytes / mb:.0f} MiB of engine memory at once; "
+                f"the budget is {self.memory_budget / mb:.0f} MiB: send it in shorter pieces",
+            ))
+
+    def _choose(self) -> list[Utterance]:
+        """The next step's batch, by the one policy in engine/scheduler.py; streams that
+        join now are admitted against the memory budget."""
+        with self._cond:
+            candidates = [u for u in self._utterances if u.stream is not None and u.state not in ENDED]
+        left = None if self.memory_budget is None else self.memory_budget - self.memory_used
+        assert self.engine is not None
+        batch = scheduler.pick(candidates, limit=self.max_batch, budget=self.engine.step_budget, memory_left=left)
+        for u in batch:
+            if not u.admitted:
+                self.memory_used += u.admit()
+        if left is not None:
+            left = self.memory_budget - self.memory_used  # type: ignore[operator]
+            if any(u.memory_needed() > left and u.runnable() and not u.backlogged() for u in candidates):
+                self.stats.memory_waits += 1
+        return batch
+
+    def _step(self, engine: Engine, batch: list[Utterance]) -> None:
+        """One engine step for the whole batch, timed and contained: an engine error
+        fails its own utterance alone, and the rest of the batch takes its pieces."""
+        streams = [u.stream for u in batch]
+        assert all(s is not None for s in streams)
+        start = time.perf_counter()
+        self._stepping, self._step_started_at = batch, time.monotonic()
+        try:
+            try:
+                results = engine.step(streams)  # type: ignore[arg-type]
+                if len(results) != len(batch):
+                    raise RuntimeError(f"the engine returned {len(results)} results for {len(batch)} streams")
+            except Exception as e:
+                if len(batch) == 1:
+                    results = [e]
+                else:  # one of them is at fault: find it by stepping each alone
+                    log.warning("a batched step failed (%s); stepping its %d streams one by one", e, len(batch))
+                    results = [self._step_alone(engine, s) for s in streams]  # type: ignore[arg-type]
         finally:
-            self._stepping, self._step_started_at = None, None
+            self._stepping, self._step_started_at = [], None
             elapsed = time.perf_counter() - start
-            u.compute_seconds += elapsed
-            u.steps += 1
             self.stats.steps += 1
+            self.stats.batch_sizes[len(batch)] += 1
             self.stats.busy_seconds += elapsed
             if self.on_step is not None:
-                self.on_step(elapsed)
-        if u.state in ENDED:  # abandoned while this step ran: its audio goes nowhere
-            self._end(u, State.FAILED, None)
-            return None
-        return piece
+                self.on_step(elapsed, len(batch))
+        for u, result in zip(batch, results):
+            u.compute_seconds += elapsed / len(batch)
+            u.steps += 1
+            if u.state in ENDED:  # abandoned while this step ran: its audio goes nowhere
+                self._end(u, State.FAILED, None)
+            elif isinstance(result, Exception):
+                self._fail(u, result)
+            else:
+                self._deliver(u, result)
 
-    def _deliver(self, u: Utterance, piece: np.ndarray | WordTimings) -> None:
-        if isinstance(piece, WordTimings):
-            u.queue.put(u.on_utterance_timeline(piece))
+    @staticmethod
+    def _step_alone(engine: Engine, stream: Stream) -> Step | Exception:
+        try:
+            (result,) = engine.step([stream])
+            return result
+        except Exception as e:
+            return e
+
+    def _deliver(self, u: Utterance, step: Step) -> None:
+        for piece in step.pieces:
+            if isinstance(piece, WordTimings):
+                u.queue.put(u.on_utterance_timeline(piece))
+                continue
+            audio = np.asarray(piece, dtype=np.float32).reshape(-1)
+            if audio.size:
+                if u.first_audio_at is None:
+                    u.first_audio_at = time.monotonic()
+                u.produced_samples += audio.size
+                u.queue.put(audio)
+        if step.done:
+            _, freed = u.close_stream()
+            self.memory_used -= freed
+
+    def _fail(self, u: Utterance, error: Exception) -> None:
+        if isinstance(error, EngineError):
+            self._end(u, State.FAILED, Failed(error.code, error.message))
             return
-        audio = np.asarray(piece, dtype=np.float32).reshape(-1)
-        if audio.size:
-            if u.first_audio_at is None:
-                u.first_audio_at = time.monotonic()
-            u.produced_samples += audio.size
-            u.queue.put(audio)
+        log.error("engine error in utterance", exc_info=error)
+        # The message is for the listener; the exception and its trace are in the log.
+        self._end(u, State.FAILED, Failed("engine_error", "the engine failed on this utterance; the others go on"))
 
     def _end(self, u: Utterance, state: State, item: Finished | Failed | None) -> None:
-        if u.close_generator():
+        closed, freed = u.close_stream()
+        self.memory_used -= freed
+        if closed:
             self.stats.generators_closed += 1
         if u.state in ENDED:
             return  # already ended and reported (abandoned by a watchdog)

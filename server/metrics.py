@@ -28,6 +28,7 @@ from prometheus_client import (
 
 TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
 DOORS = ("ws", "http")
 OUTCOMES = ("done", "cancelled", "disconnected")
@@ -86,6 +87,10 @@ class Metrics:
             buckets=STEP_BUCKETS, registry=own,
         )
         self.engine_steps = Counter("voxwire_engine_steps", "Engine steps run, by worker process", ["worker"], registry=own)
+        self.batch_size = Histogram(
+            "voxwire_batch_size", "Utterances advanced together by one engine step, by worker process", ["worker"],
+            buckets=BATCH_BUCKETS, registry=own,
+        )
         self.busy_seconds = Counter(
             "voxwire_worker_busy_seconds", "Seconds spent in engine steps, by worker process (rate() is utilisation)",
             ["worker"], registry=own,
@@ -95,7 +100,7 @@ class Metrics:
             registry=own,
         )
         self.cache_hits = Counter("voxwire_cache_hits", "Utterances served from the result cache", registry=own)
-        for family in (self.step_seconds, self.engine_steps, self.busy_seconds, self.restarts):
+        for family in (self.step_seconds, self.engine_steps, self.batch_size, self.busy_seconds, self.restarts):
             family.labels(worker)
         # Server-wide values that every process reports alike: the scrape takes the max.
         self.connections = Gauge("voxwire_connections", "Open WebSocket connections", registry=own,
@@ -121,9 +126,10 @@ class Metrics:
             ProcessCollector(registry=self.registry)
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def on_step(self, seconds: float) -> None:
+    def on_step(self, seconds: float, batch_size: int) -> None:
         """The worker's step hook (called on the inference thread)."""
         self.step_seconds.labels(self.worker).observe(seconds)
+        self.batch_size.labels(self.worker).observe(batch_size)
         self.engine_steps.labels(self.worker).inc()
         self.busy_seconds.labels(self.worker).inc(seconds)
 

@@ -78,22 +78,134 @@ def _window(start: int, end: int, context: int, n_frames: int, min_size: int) ->
     return lo, hi
 
 
-def _decode_spans(
-    model: Vits,
-    n_frames: int,
-    latent: Callable[[int, int], torch.Tensor],
-    chunk_frames: int,
-    context_frames: int,
-    first_chunk_frames: int,
-) -> Iterator[np.ndarray]:
+class SentenceDecoder:
+    """One sentence's chunked decoding, as state between steps: each step decodes its
+    next span, running the flow lazily just ahead of it. Steps of many sentences run
+    together in ``step_sentences``; a lone sentence is the same with a batch of one.
+
+    A step is planned (``_plan``), computed, then committed, so a step that raises
+    leaves the sentence as it was."""
+
+    def __init__(
+        self,
+        model: Vits,
+        z_p: torch.Tensor | None = None,
+        z: torch.Tensor | None = None,
+        chunk_frames: int = CHUNK_FRAMES,
+        context_frames: int = CONTEXT_FRAMES,
+        first_chunk_frames: int = FIRST_CHUNK_FRAMES,
+        flow_context_frames: int = FLOW_CONTEXT_FRAMES,
+        flow_block_frames: int = FLOW_BLOCK_FRAMES,
+        pad_to: int = 1,
+    ) -> None:
+        """From the prior sample ``z_p`` (the flow runs here) or the decoder latent ``z``
+        (``Vits.infer_latent``: it does not). ``pad_to`` pads z_p to a multiple of that
+        many frames, so that short sentences too reuse a few input shapes."""
+        latent = z_p if z is None else z
+        assert latent is not None
+        _check(latent, chunk_frames, context_frames)
+        self.model = model
+        self.real = latent.shape[2]
+        if z is None and pad_to > 1 and self.real % pad_to:
+            # Masked, the flow treats the padding as VITS treats padding in a batch: exactly.
+            # The decoder has no mask: it sees silence there, which touches the last ~10
+            # frames (its receptive field) of the sentence's trailing silence, slightly.
+            latent = torch.nn.functional.pad(latent, (0, pad_to - self.real % pad_to))
+        self.n = latent.shape[2]
+        self._z_p = latent if z is None else None
+        self._z = latent if z is not None else torch.empty_like(latent)
+        self._mask = (torch.arange(self.n, device=latent.device) < self.real).to(latent.dtype)[None, None, None, :]
+        self._flowed = self.n if z is not None else 0  # frames of z computed so far
+        self._spans = chunk_spans(self.n, first_chunk_frames, chunk_frames)
+        self._next = 0
+        self._widest = 0
+        self._left = self.real * model.hop_length  # samples still to give: padding's audio is cut
+        self._context = context_frames
+        self._flow_context = flow_context_frames
+        self._flow_block = flow_block_frames
+
+    @property
+    def finished(self) -> bool:
+        return self._next == len(self._spans)
+
+    def cost(self) -> int:
+        """Frames the next step decodes (its window, context included)."""
+        lo, hi = self._decode_window()
+        return hi - lo
+
+    def _decode_window(self) -> tuple[int, int]:
+        start, end = self._spans[self._next]
+        return _window(start, end, self._context, self.n, self._widest)
+
+    def _flow_window(self, hi: int) -> tuple[int, int, int] | None:
+        """(flow window lo, hi, new end of z) when the decoder needs z up to ``hi``."""
+        done = self._flowed
+        if hi <= done:
+            return None
+        # The first block is just what the first piece needs; later ones run ahead,
+        # swallowing a remainder shorter than half a block.
+        if done == 0:
+            end = hi
+        else:
+            end = max(hi, done + self._flow_block)
+            end = self.n if self.n - end < self._flow_block // 2 else min(self.n, end)
+        f_lo, f_hi = _window(done, end, self._flow_context, self.n, 0)
+        return f_lo, f_hi, end
+
+
+def step_sentences(sentences: list[SentenceDecoder]) -> list[np.ndarray]:
+    """Advance each sentence by one span: the flow blocks, then the decoder windows, each
+    batched across the sentences whose windows are equally wide (exact: nothing is
+    padded, and window widths come in a few multiples of SHAPE_BUCKET). All share one
+    model. Nothing is committed until every piece is computed."""
+    if not sentences:
+        return []
+    model = sentences[0].model
+    decode = [s._decode_window() for s in sentences]
+    flows = [s._flow_window(hi) for s, (_, hi) in zip(sentences, decode)]
+
+    def batched(jobs: list[tuple[int, int]], run: Callable[[list[int]], torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Run ``run`` once per window width over the members of that width; each
+        member's output row."""
+        by_width: dict[int, list[int]] = {}
+        for member, (lo, hi) in enumerate(jobs):
+            if hi > lo:
+                by_width.setdefault(hi - lo, []).append(member)
+        rows: dict[int, torch.Tensor] = {}
+        for members in by_width.values():
+            out = run(members)
+            for k, member in enumerate(members):
+                rows[member] = out[k : k + 1]
+        return rows
+
+    # The flow writes z in place; the same inputs give the same z, so a step that fails
+    # later and is run again rewrites the same values.
+    flow_jobs = [(f[0], f[1]) if f else (0, 0) for f in flows]
+    flowed = batched(flow_jobs, lambda ms: model.flow_reverse(
+        torch.cat([sentences[m]._z_p[:, :, flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),  # type: ignore[index]
+        torch.cat([sentences[m]._mask[..., flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),
+    ))
+    for m, block in flowed.items():
+        s, (f_lo, _, end) = sentences[m], flows[m]  # type: ignore[misc]
+        s._z[:, :, s._flowed : end] = block[:, :, s._flowed - f_lo : end - f_lo]
+    audio = batched(decode, lambda ms: model.decode(
+        torch.cat([sentences[m]._z[:, :, decode[m][0] : decode[m][1]] for m in ms])
+    ))
+    pieces = []
     hop = model.hop_length
-    widest = 0
-    for start, end in chunk_spans(n_frames, first_chunk_frames, chunk_frames):
-        lo, hi = _window(start, end, context_frames, n_frames, widest)
-        widest = max(widest, hi - lo)
-        audio = model.decode(latent(lo, hi))[0]
+    for m, s in enumerate(sentences):
+        (start, end), (lo, hi) = s._spans[s._next], decode[m]
         # .cpu() is free on a CPU tensor and the device-to-host copy on CUDA.
-        yield audio[(start - lo) * hop : (end - lo) * hop].cpu().numpy()
+        piece = audio[m][0, (start - lo) * hop : (end - lo) * hop].cpu().numpy()
+        piece = piece[: max(0, s._left)]
+        pieces.append(piece)
+    for m, s in enumerate(sentences):  # commit
+        if flows[m] is not None:
+            s._flowed = flows[m][2]  # type: ignore[index]
+        s._widest = max(s._widest, decode[m][1] - decode[m][0])
+        s._left -= (s._spans[s._next][1] - s._spans[s._next][0]) * model.hop_length
+        s._next += 1
+    return pieces
 
 
 def _check(z: torch.Tensor, chunk_frames: int, context_frames: int) -> None:
@@ -101,6 +213,13 @@ def _check(z: torch.Tensor, chunk_frames: int, context_frames: int) -> None:
         raise ValueError(f"expected a latent of shape [1, C, F], got {tuple(z.shape)}")
     if chunk_frames < 1 or context_frames < 0:
         raise ValueError("chunk_frames must be >= 1 and context_frames >= 0")
+
+
+def _pieces(sentence: SentenceDecoder) -> Iterator[np.ndarray]:
+    while not sentence.finished:
+        (piece,) = step_sentences([sentence])
+        if piece.size:
+            yield piece
 
 
 def decode_chunks(
@@ -114,11 +233,9 @@ def decode_chunks(
 
     Yields float32 arrays whose concatenation has exactly F * hop_length samples; with
     context_frames >= CONTEXT_FRAMES it equals ``model.decode(z)`` up to rounding."""
-    _check(z, chunk_frames, context_frames)
-    yield from _decode_spans(
-        model, z.shape[2], lambda lo, hi: z[:, :, lo:hi], chunk_frames, context_frames,
-        first_chunk_frames,
-    )
+    yield from _pieces(SentenceDecoder(
+        model, z=z, chunk_frames=chunk_frames, context_frames=context_frames, first_chunk_frames=first_chunk_frames,
+    ))
 
 
 def stream_chunks(
@@ -133,44 +250,9 @@ def stream_chunks(
 ) -> Iterator[np.ndarray]:
     """Like ``decode_chunks`` but from the prior sample z_p (``Vits.infer_prior``): the
     flow runs lazily, just ahead of the decoder, so the first piece costs the same for a
-    3-word and a 40-word sentence (apart from the text encoder).
-
-    ``pad_to`` pads the latent to a multiple of that many frames, so that short
-    sentences too reuse a few input shapes (see SHAPE_BUCKET)."""
-    _check(z_p, chunk_frames, context_frames)
-    real = z_p.shape[2]
-    if pad_to > 1 and real % pad_to:
-        # Masked, the flow treats the padding as VITS treats padding in a batch: exactly.
-        # The decoder has no mask: it sees silence there, which touches the last ~10
-        # frames (its receptive field) of the sentence's trailing silence, slightly.
-        z_p = torch.nn.functional.pad(z_p, (0, pad_to - real % pad_to))
-    n = z_p.shape[2]
-    mask = (torch.arange(n, device=z_p.device) < real).to(z_p.dtype)[None, None, None, :]
-    z = torch.empty_like(z_p)
-    done = 0  # frames of z computed so far
-
-    def latent(lo: int, hi: int) -> torch.Tensor:
-        nonlocal done
-        if hi > done:
-            # The first block is just what the first piece needs; later ones run ahead,
-            # swallowing a remainder shorter than half a block.
-            if done == 0:
-                end = hi
-            else:
-                end = max(hi, done + flow_block_frames)
-                end = n if n - end < flow_block_frames // 2 else min(n, end)
-            f_lo, f_hi = _window(done, end, flow_context_frames, n, 0)
-            block = model.flow_reverse(z_p[:, :, f_lo:f_hi], mask[..., f_lo:f_hi])
-            z[:, :, done:end] = block[:, :, done - f_lo : end - f_lo]
-            done = end
-        return z[:, :, lo:hi]
-
-    pieces = _decode_spans(model, n, latent, chunk_frames, context_frames, first_chunk_frames)
-    if n == real:
-        yield from pieces
-        return
-    left = real * model.hop_length  # the padding's audio is cut off the end
-    for piece in pieces:
-        if left > 0:
-            yield piece[:left]
-        left -= piece.shape[0]
+    3-word and a 40-word sentence (apart from the text encoder)."""
+    yield from _pieces(SentenceDecoder(
+        model, z_p=z_p, chunk_frames=chunk_frames, context_frames=context_frames,
+        first_chunk_frames=first_chunk_frames, flow_context_frames=flow_context_frames,
+        flow_block_frames=flow_block_frames, pad_to=pad_to,
+    ))

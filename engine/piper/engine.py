@@ -1,9 +1,12 @@
 """The Piper engine: espeak-ng phonemes into a VITS voice, on onnxruntime or torch.
 
 The onnxruntime backend runs each sentence's whole graph in one call, so one step is one
-sentence. The torch backend (engine/piper/vits.py) runs the encoder, durations and flow
-over the sentence, then decodes the latent in chunks: one step is one chunk, and the
-first audio of a long sentence no longer waits for the whole sentence.
+sentence, one utterance at a time. The torch backend (engine/piper/vits.py) batches: a
+step starts the next sentence of every stream that needs one (text encoder and
+durations, batched with masks), then decodes one chunk of every stream (flow and
+decoder, batched across equal window widths; engine/piper/chunked.py). The first audio
+of a long sentence does not wait for the whole sentence, and a burst of newcomers gets
+its first chunks from one step.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
 
-from engine.base import Engine, EngineError, SynthesisParams, Voice, WordTimings
+from engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from engine.piper.alignment import Aligner, word_phonemes
+from engine.piper.chunked import (
+    CONTEXT_FRAMES, FIRST_CHUNK_FRAMES, SHAPE_BUCKET, SentenceDecoder, step_sentences, stream_chunks,
+)
 from engine.threads import configure_cpu_threads, onnx_session_options
 
 log = logging.getLogger(__name__)
@@ -35,6 +42,14 @@ _MAX_GAIN = 4.0
 # Phoneme ids are padded (and masked) to a multiple of this: a few dozen input shapes
 # instead of one per sentence length keeps oneDNN's per-shape kernels and memory bounded.
 PHONEME_BUCKET = 32
+# Batching on a CPU saves little arithmetic (the decoder's convolutions already fill the
+# cores) but lets a burst of newcomers share one step; the step budget, in decoded frames,
+# keeps such a step to about eight first chunks (8 x 32 frames) so that listeners already
+# playing are not kept waiting behind one huge step. A GPU gains throughput from width.
+CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 256
+# What a sentence's first step decodes: its first chunk and context, in a bucketed window.
+_FIRST_WINDOW_FRAMES = -(-(FIRST_CHUNK_FRAMES + CONTEXT_FRAMES) // SHAPE_BUCKET) * SHAPE_BUCKET
+GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 
 
 @dataclass(frozen=True)
@@ -107,11 +122,9 @@ class _LoadedVoice:
     def ids_per_phoneme(self, phoneme: str) -> int:
         return len(self.config.phoneme_id_map.get(phoneme, ()))
 
-    def audio(
-        self, ids: list[int], speed: float, noise: bool = True, timings: list[np.ndarray] | None = None
-    ) -> Iterator[np.ndarray]:
-        """The audio for one sentence's ids. ``timings``, when given, receives the frames
-        per id before the first piece is yielded (the torch backend alone knows them)."""
+    def audio(self, ids: list[int], speed: float, noise: bool = True) -> Iterator[np.ndarray]:
+        """The audio for one sentence's ids, alone: the onnxruntime backend's step, and
+        the calibration of either backend."""
         cfg = self.config
         length_scale = cfg.length_scale / speed
         noise_scale = cfg.noise_scale if noise else 0.0
@@ -124,20 +137,35 @@ class _LoadedVoice:
             )
             yield np.asarray(self.piper.phoneme_ids_to_audio(ids, syn), dtype=np.float32).reshape(-1)
             return
-        import torch
-
-        from engine.piper.chunked import SHAPE_BUCKET, stream_chunks
-
         vits = self.vits
         with torch.inference_mode():
             phonemes = torch.tensor([ids], dtype=torch.long, device=vits.device)
             z_p, durations = vits.infer_prior(phonemes, noise_scale, length_scale, noise_w, bucket=PHONEME_BUCKET)
-        if timings is not None:
-            timings.append(durations.cpu().numpy())
         # The flow and the decoder then run chunk by chunk: the first audio is decoded
         # before the rest of the sentence. Its first piece (162.5 ms) is over the shortest
         # frame the server may send first (150 ms), so it leaves straight after it.
         yield from stream_chunks(vits, z_p, pad_to=SHAPE_BUCKET)
+
+
+class PiperStream(Stream):
+    """One segment on the torch backend: its sentences' phonemes, the sentence being
+    decoded, and the word aligner. Engine steps advance it (``PiperEngine.step``)."""
+
+    def __init__(self, voice: _LoadedVoice, speed: float, sentences: list[list[str]], aligner: Aligner | None) -> None:
+        self.voice = voice
+        self.length_scale = voice.config.length_scale / speed
+        self.sentences = sentences
+        self.aligner = aligner
+        self.next_sentence = 0
+        self.decoder: SentenceDecoder | None = None
+        self.offset = 0  # samples given so far: where the next sentence starts
+
+    @property
+    def finished(self) -> bool:
+        return self.decoder is None and self.next_sentence == len(self.sentences)
+
+    def cost(self) -> int:
+        return self.decoder.cost() if self.decoder is not None else _FIRST_WINDOW_FRAMES
 
 
 class PiperEngine(Engine):
@@ -159,6 +187,10 @@ class PiperEngine(Engine):
         self.backend = backend
         self.timestamps = backend == "torch"  # the durations that time words are the torch port's
         self.device = device
+        if backend == "torch":
+            gpu = device.startswith("cuda")
+            self.max_batch = GPU_MAX_BATCH if gpu else CPU_MAX_BATCH
+            self.step_budget = GPU_STEP_FRAMES if gpu else CPU_STEP_FRAMES
         self._voices = {f.id: _LoadedVoice(f, backend, device, threads) for f in files}
         rates = {v.config.sample_rate for v in self._voices.values()}
         if len(rates) != 1:
@@ -187,21 +219,92 @@ class PiperEngine(Engine):
             for v in self._voices.values()
         ]
 
-    def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray]:
+    def _sentences(self, text: str, params: SynthesisParams) -> tuple[_LoadedVoice, list[list[str]], Aligner | None]:
         voice = self._voices.get(params.voice)
         if voice is None:
             raise EngineError("unknown_voice", f"no voice {params.voice!r}")
-        # Phonemizing is cheap next to synthesis; it runs at the first step.
+        # Phonemizing is cheap next to synthesis (a few ms of espeak-ng).
         sentences = [p for p in voice.piper.phonemize(text) if p]
         aligner = None
         if params.timestamps and voice.vits is not None:
             words = word_phonemes(text, voice.piper.phonemize, voice.ids_per_phoneme)
             aligner = Aligner(words, sentences, voice.ids_per_phoneme, voice.config.hop_length)
-        offset = 0
+        return voice, sentences, aligner
+
+    def open(self, text: str, params: SynthesisParams) -> Stream:
+        voice, sentences, aligner = self._sentences(text, params)
+        if voice.vits is None:
+            return GeneratorStream(self._whole_sentences(voice, sentences, params.speed))
+        return PiperStream(voice, params.speed, sentences, aligner)
+
+    def _whole_sentences(self, voice: _LoadedVoice, sentences: list[list[str]], speed: float) -> Iterator[np.ndarray]:
+        """The onnxruntime backend: a sentence per step, one stream at a time."""
         for phonemes in sentences:
-            durations: list[np.ndarray] = []
-            for piece in voice.audio(voice.piper.phonemes_to_ids(phonemes), params.speed, timings=durations):
-                if aligner is not None and durations:
-                    yield WordTimings(tuple(aligner.sentence(phonemes, durations.pop(), offset)))
-                offset += piece.size
+            for piece in voice.audio(voice.piper.phonemes_to_ids(phonemes), speed):
                 yield np.clip(piece * voice.gain, -1.0, 1.0).astype(np.float32, copy=False)
+
+    def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
+        if self.backend == "onnx":
+            return super().step(streams)
+        results: list[Step | Exception] = [Step([], done=True)] * len(streams)
+        by_voice: dict[str, list[int]] = {}
+        for i, stream in enumerate(streams):
+            assert isinstance(stream, PiperStream)
+            if not stream.finished:
+                by_voice.setdefault(stream.voice.files.id, []).append(i)
+        for members in by_voice.values():
+            group = [streams[i] for i in members]
+            try:
+                outcome: list[Step | Exception] = list(self._step_voice(group))  # type: ignore[arg-type]
+            except Exception as e:
+                # Nothing was committed: step each alone, so that only the one at fault fails.
+                outcome = [e] if len(group) == 1 else [self._step_alone(s) for s in group]  # type: ignore[arg-type]
+            for i, result in zip(members, outcome):
+                results[i] = result
+        return results
+
+    def _step_alone(self, stream: PiperStream) -> Step | Exception:
+        try:
+            return self._step_voice([stream])[0]
+        except Exception as e:
+            return e
+
+    def _step_voice(self, streams: list[PiperStream]) -> list[Step]:
+        """One step for streams of one voice: start the next sentence of each that needs
+        one (one batched prior), then decode one chunk of each (batched). Nothing is
+        committed to a stream until all of it is computed."""
+        voice = streams[0].voice
+        vits = voice.vits
+        assert vits is not None
+        cfg = voice.config
+        starting = [s for s in streams if s.decoder is None]
+        decoders = {id(s): s.decoder for s in streams}
+        durations: dict[int, np.ndarray] = {}
+        if starting:
+            ids = [torch.tensor(voice.piper.phonemes_to_ids(s.sentences[s.next_sentence]), dtype=torch.long)
+                   for s in starting]
+            with torch.inference_mode():
+                priors = vits.infer_priors(ids, cfg.noise_scale, [s.length_scale for s in starting],
+                                           cfg.noise_w_scale, bucket=PHONEME_BUCKET)
+            for s, (z_p, d) in zip(starting, priors):
+                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET)
+                durations[id(s)] = d.cpu().numpy()
+        with torch.inference_mode():
+            pieces = step_sentences([decoders[id(s)] for s in streams])  # type: ignore[misc]
+        steps = []
+        for s, piece in zip(streams, pieces):  # commit
+            out: list[np.ndarray | WordTimings] = []
+            if id(s) in durations:
+                s.decoder = decoders[id(s)]
+                phonemes = s.sentences[s.next_sentence]
+                s.next_sentence += 1
+                if s.aligner is not None:
+                    out.append(WordTimings(tuple(s.aligner.sentence(phonemes, durations[id(s)], s.offset))))
+            assert s.decoder is not None
+            if s.decoder.finished:
+                s.decoder = None
+            s.offset += piece.size
+            if piece.size:
+                out.append(np.clip(piece * voice.gain, -1.0, 1.0).astype(np.float32, copy=False))
+            steps.append(Step(out, done=s.finished))
+        return steps

@@ -593,19 +593,45 @@ class Vits(nn.Module):
         ``bucket`` pads the ids to a multiple of it, masked out: oneDNN builds and caches
         kernels per input shape, so a server that sees every sentence length would pay
         that set-up on each new length and keep a cache entry for each."""
-        if not length_scale > 0:
-            raise ValueError(f"length_scale must be > 0, got {length_scale}")
-        ids = self._ids(phoneme_ids)
-        real = ids.shape[1]
-        if bucket > 1 and real % bucket:
-            ids = torch.nn.functional.pad(ids, (0, bucket - real % bucket))
-        b, t = ids.shape
-        x_mask = sequence_mask(torch.full((b,), real, device=self.device), t)
+        ((z_p, durations),) = self.infer_priors([self._ids(phoneme_ids)[0]], noise_scale, [length_scale],
+                                                noise_w, [generator], bucket)
+        return z_p, durations
+
+    @torch.inference_mode()
+    def infer_priors(
+        self,
+        phoneme_ids: list[torch.Tensor],
+        noise_scale: float,
+        length_scales: list[float],
+        noise_w: float,
+        generators: list[torch.Generator | None] | None = None,
+        bucket: int = 1,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``infer_prior`` for several sentences in one batch, padded to the longest and
+        masked, each with its own length scale; the same results as one call each.
+
+        Each sentence draws its noise in its own shape from its own generator (None: the
+        global one), so that with seeded generators the batch equals the calls one by one."""
+        gens = list(generators) if generators is not None else [None] * len(phoneme_ids)
+        if not phoneme_ids or any(ids.dim() != 1 or ids.numel() == 0 for ids in phoneme_ids):
+            raise ValueError("expected a non-empty list of non-empty 1-D phoneme id tensors")
+        if not all(ls > 0 for ls in length_scales):
+            raise ValueError(f"length scales must be > 0, got {length_scales}")
+        lengths = [int(ids.numel()) for ids in phoneme_ids]
+        padded = [-(-n // bucket) * bucket for n in lengths]  # each one's own bucket, for its noise
+        b, t = len(lengths), max(padded)
+        ids = torch.zeros((b, t), dtype=torch.long, device=self.device)
+        for row, seq in enumerate(phoneme_ids):
+            ids[row, : lengths[row]] = seq.to(self.device)
+        x_mask = sequence_mask(torch.tensor(lengths, device=self.device), t)
         x, m_p, logs_p = self.enc_p(ids, x_mask)
 
-        noise = to_cl(self._randn((b, 2, t), generator)) * noise_w
-        logw = self.dp.reverse(x, x_mask, noise)
-        durations = torch.ceil(torch.exp(logw) * x_mask * length_scale).flatten(1).long()
+        noise = torch.zeros((b, 2, t), device=self.device)
+        for row, n in enumerate(padded):
+            noise[row, :, :n] = self._randn((1, 2, n), gens[row])[0]
+        logw = self.dp.reverse(x, x_mask, to_cl(noise) * noise_w)
+        scales = torch.tensor(length_scales, device=self.device)[:, None]
+        durations = torch.ceil(torch.exp(logw).flatten(1) * x_mask.flatten(1) * scales).long()
 
         # Length regulation: frame f belongs to the phoneme whose cumulative duration
         # first exceeds f. A gather instead of VITS's [F, T] path matrix and matmul.
@@ -613,16 +639,18 @@ class Vits(nn.Module):
         n_frames = max(int(ends[:, -1].max()), 1)
         frames = torch.arange(n_frames, device=self.device).expand(b, n_frames).contiguous()
         owner = torch.searchsorted(ends, frames, right=True).clamp_max(t - 1)
-        y_mask = (frames < ends[:, -1:]).float()[:, None, None, :]
         index = owner.unsqueeze(-1).expand(-1, -1, m_p.shape[1])  # [B, F, C]
-        m = channels_first(time_major(m_p).gather(1, index))
-        logs = channels_first(time_major(logs_p).gather(1, index))
-
-        z_p = m
-        if noise_scale:
-            eps = to_cl(self._randn((b, m.shape[1], n_frames), generator))
-            z_p = m + eps * torch.exp(logs) * noise_scale
-        return (z_p * y_mask).squeeze(2), durations[0, :real]
+        m = channels_first(time_major(m_p).gather(1, index)).squeeze(2)
+        logs = channels_first(time_major(logs_p).gather(1, index)).squeeze(2)
+        out = []
+        for row in range(b):
+            frames_i = max(int(ends[row, -1]), 1)
+            z_p = m[row : row + 1, :, :frames_i]
+            if noise_scale:
+                eps = self._randn((1, m.shape[1], frames_i), gens[row])
+                z_p = z_p + eps * torch.exp(logs[row : row + 1, :, :frames_i]) * noise_scale
+            out.append((z_p.contiguous(), durations[row, : lengths[row]]))
+        return out
 
     @torch.inference_mode()
     def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

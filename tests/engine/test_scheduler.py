@@ -11,12 +11,20 @@ class U:
     produced_seconds: float = 0.0
     ready: bool = True
     full: bool = False
+    work: int = 1
+    memory: int = 0
 
     def runnable(self) -> bool:
         return self.ready
 
     def backlogged(self) -> bool:
         return self.full
+
+    def cost(self) -> int:
+        return self.work
+
+    def memory_needed(self) -> int:
+        return self.memory
 
 
 def test_waiting_for_first_audio_comes_before_playing_oldest_first():
@@ -48,3 +56,25 @@ def test_backlogged_and_idle_utterances_are_skipped():
     ok = U("ok", 9.0, first_audio_at=10.0, produced_seconds=60.0)
     assert pick([full, idle, ok], now=10.0) == [ok]
     assert pick([full, idle], now=10.0) == []
+
+
+def test_a_batch_takes_the_most_urgent_up_to_the_limit():
+    us = [U(f"n{i}", float(i)) for i in range(5)]
+    assert [u.name for u in pick(us, limit=3, now=9.0)] == ["n0", "n1", "n2"]
+
+
+def test_the_step_budget_bounds_a_batch_but_the_first_always_goes_in():
+    big = U("big", 0.0, work=100)
+    small = [U(f"s{i}", 1.0 + i, work=10) for i in range(3)]
+    assert [u.name for u in pick([big, *small], limit=8, budget=50, now=5.0)] == ["big"]
+    assert [u.name for u in pick(small, limit=8, budget=25, now=5.0)] == ["s0", "s1"]
+
+
+def test_newcomers_join_while_their_memory_fits_and_none_passes_one_that_waits():
+    playing = U("playing", 0.0, first_audio_at=1.0, produced_seconds=9.0)  # admitted: needs none
+    first = U("first", 2.0, memory=60)
+    large = U("large", 3.0, memory=50)
+    small = U("small", 4.0, memory=10)
+    batch = pick([playing, first, large, small], limit=8, memory_left=100, now=5.0)
+    assert [u.name for u in batch] == ["first", "playing"]  # large waits; small may not pass it
+    assert [u.name for u in pick([first, small], limit=8, memory_left=100, now=5.0)] == ["first", "small"]

@@ -1,0 +1,188 @@
+"""Continuous batching in the worker: every runnable utterance advances in one engine
+step, newcomers join between steps, and one member's end never disturbs the others.
+
+Steps are counted, never timed: the batching tone engine records which streams each
+step advanced, and with ``gated`` a step runs only when the test hands it a permit."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from engine.audio_queue import Failed, Finished
+from engine.base import SynthesisParams
+from engine.worker import Worker
+from tests.fixtures.engines import RATE, WORD_SECONDS, BatchToneEngine, dominant_pitches, word_pitch
+
+TONE = SynthesisParams(voice="tone")
+WORD = int(RATE * WORD_SECONDS)
+
+
+def start(engine: BatchToneEngine, **kwargs) -> Worker:
+    w = Worker(lambda: engine, max_queue_seconds=30.0, warmup=False, **kwargs).start()
+    w.wait_ready(10)
+    return w
+
+
+@pytest.fixture
+def stopping():
+    workers: list[tuple[Worker, BatchToneEngine]] = []
+    yield workers
+    for w, engine in workers:
+        engine.gated = False
+        engine.permits.release(1000)
+        w.stop()
+
+
+async def drain(u, timeout=20.0):
+    pieces = []
+    while True:
+        item = await asyncio.wait_for(u.queue.get(), timeout)
+        if isinstance(item, np.ndarray):
+            pieces.append(item)
+        else:
+            return (np.concatenate(pieces) if pieces else np.zeros(0, np.float32)), item
+
+
+async def wait_until(predicate, timeout=10.0):
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def speak(worker: Worker, text: str):
+    u = worker.submit(TONE, asyncio.get_running_loop())
+    u.feed(text, final=True)
+    return u
+
+
+def pitches_of(text: str) -> list[float]:
+    return [word_pitch(w.strip(".,!?")) for w in text.split()]
+
+
+async def test_utterances_that_arrive_together_advance_in_one_step(stopping):
+    engine = BatchToneEngine(max_batch=4, gated=True)
+    worker = start(engine)
+    stopping.append((worker, engine))
+    texts = ["alpha beta gamma.", "delta epsilon.", "zeta eta theta iota.", "kappa."]
+    us = [speak(worker, t) for t in texts]
+    await wait_until(lambda: all(u.stream is not None for u in us))  # all four are waiting to join
+    engine.permits.release(100)
+    results = await asyncio.gather(*(drain(u) for u in us))
+    for text, (audio, end) in zip(texts, results):
+        assert isinstance(end, Finished)
+        assert audio.size == len(text.split()) * WORD
+        assert dominant_pitches(audio) == pytest.approx(pitches_of(text), abs=15)
+    # Four words for the longest, so four steps advanced all of them: the first one all four.
+    assert len(engine.batches[0]) == 4
+    assert worker.stats.steps == 4 and worker.stats.batch_sizes[4] == 1
+    assert sum(n * k for n, k in worker.stats.batch_sizes.items()) == sum(len(t.split()) for t in texts)
+
+
+async def test_a_newcomer_joins_between_steps_and_max_batch_1_turns_batching_off(stopping):
+    engine = BatchToneEngine(max_batch=4, gated=True)
+    worker = start(engine, max_batch=1)
+    stopping.append((worker, engine))
+    assert worker.max_batch == 1
+    a, b = speak(worker, "one two three."), speak(worker, "four five.")
+    engine.permits.release(100)
+    await asyncio.gather(drain(a), drain(b))
+    assert all(len(batch) == 1 for batch in engine.batches)
+
+    engine2 = BatchToneEngine(max_batch=4, gated=True)
+    worker2 = start(engine2)
+    stopping.append((worker2, engine2))
+    first = speak(worker2, "one two three four five.")
+    await wait_until(lambda: first.stream is not None)
+    engine2.permits.release(2)
+    await wait_until(lambda: first.steps == 2)
+    # The worker waits inside step 3, which began without the newcomer: it joins at 4.
+    late = speak(worker2, "six seven.")
+    engine2.permits.release(100)
+    await asyncio.gather(drain(first), drain(late))
+    assert [len(b) for b in engine2.batches] == [1, 1, 1, 2, 2]
+
+
+async def test_a_cancelled_member_leaves_before_the_next_step_and_the_others_finish(stopping):
+    engine = BatchToneEngine(max_batch=4, gated=True)
+    worker = start(engine)
+    stopping.append((worker, engine))
+    texts = ["red orange yellow green blue.", "cancel me now please now.", "sun moon star comet planet."]
+    us = [speak(worker, t) for t in texts]
+    await wait_until(lambda: all(u.stream is not None for u in us))
+    engine.permits.release(2)
+    await wait_until(lambda: all(u.steps == 2 for u in us))
+    victim = us[1].stream.name
+    us[1].cancel()  # while the worker waits inside step 3, which it began with the victim
+    engine.permits.release(100)
+    (a_audio, a_end), (c_audio, c_end) = await asyncio.gather(drain(us[0]), drain(us[2]))
+    assert isinstance(a_end, Finished) and isinstance(c_end, Finished)
+    # A cancelled utterance's queue gets no end marker: its session says "cancelled".
+    assert us[1].outcome == "cancelled" and us[1].generator_closed and us[1].steps == 3
+    assert [victim in b for b in engine.batches] == [True] * 3 + [False] * (len(engine.batches) - 3)
+    for text, audio in ((texts[0], a_audio), (texts[2], c_audio)):
+        assert dominant_pitches(audio) == pytest.approx(pitches_of(text), abs=15)
+
+
+async def test_an_engine_error_fails_its_own_member_and_the_batch_carries_on(stopping):
+    engine = BatchToneEngine(max_batch=4, gated=True)
+    worker = start(engine)
+    stopping.append((worker, engine))
+    texts = ["one two three.", "four explode five.", "six seven eight."]
+    us = [speak(worker, t) for t in texts]
+    await wait_until(lambda: all(u.stream is not None for u in us))
+    engine.permits.release(100)
+    results = await asyncio.gather(*(drain(u) for u in us))
+    failed_audio, failed = results[1]
+    assert isinstance(failed, Failed) and failed.code == "engine_error"
+    assert failed_audio.size == WORD  # "four", then it failed on the step that exploded
+    for i in (0, 2):
+        audio, end = results[i]
+        assert isinstance(end, Finished) and dominant_pitches(audio) == pytest.approx(pitches_of(texts[i]), abs=15)
+    assert worker.stats.failures == 1
+
+
+async def test_a_whole_batch_failure_is_pinned_on_its_member_by_stepping_alone(stopping):
+    engine = BatchToneEngine(max_batch=4, gated=True)
+    worker = start(engine)
+    stopping.append((worker, engine))
+    texts = ["one two three.", "four boom five.", "six seven eight."]
+    us = [speak(worker, t) for t in texts]
+    await wait_until(lambda: all(u.stream is not None for u in us))
+    engine.permits.release(100)
+    results = await asyncio.gather(*(drain(u) for u in us))
+    assert isinstance(results[1][1], Failed) and results[1][1].code == "engine_error"
+    for i in (0, 2):
+        audio, end = results[i]
+        assert isinstance(end, Finished) and dominant_pitches(audio) == pytest.approx(pitches_of(texts[i]), abs=15)
+    # The failed batch of three, then each of its members alone, then the two survivors.
+    sizes = [len(b) for b in engine.batches]
+    assert sizes[:5] == [3, 3, 1, 1, 1]
+
+
+async def test_the_memory_budget_makes_newcomers_wait_and_then_complete(stopping):
+    # Each stream holds 100 bytes per word; the budget fits two three-word streams.
+    engine = BatchToneEngine(max_batch=8, memory_per_word=100)
+    worker = start(engine, memory_budget=600)
+    stopping.append((worker, engine))
+    texts = ["a b c.", "d e f.", "g h i.", "j k l."]
+    us = [speak(worker, t) for t in texts]
+    results = await asyncio.gather(*(drain(u) for u in us))
+    for text, (audio, end) in zip(texts, results):
+        assert isinstance(end, Finished) and audio.size == 3 * WORD
+    assert max(len(b) for b in engine.batches) == 2  # never more than the budget holds
+    assert worker.stats.memory_waits >= 1
+    assert worker.memory_used == 0  # every admitted stream gave its memory back
+
+
+async def test_a_segment_larger_than_the_whole_budget_fails_clearly(stopping):
+    engine = BatchToneEngine(max_batch=8, memory_per_word=100)
+    worker = start(engine, memory_budget=250)
+    stopping.append((worker, engine))
+    big, small = speak(worker, "far too many words here."), speak(worker, "ok.")
+    (_, big_end), (audio, small_end) = await asyncio.gather(drain(big), drain(small))
+    assert isinstance(big_end, Failed) and big_end.code == "over_memory_budget"
+    assert "MiB" in big_end.message
+    assert isinstance(small_end, Finished) and audio.size == WORD
