@@ -38,6 +38,17 @@ class EngineOptions:
     voices_dir: Path | None = field(
         default=None, metadata={"help": "where registered (cloned) voices are stored; default: none kept"}
     )
+    max_batch: int | None = field(
+        default=None,
+        metadata={"help": "most utterances one engine step advances together; 1 turns batching off "
+                  "(default: the engine's own, 8 for Piper on a CPU)", "range": (1, 1024)},
+    )
+    memory_budget_mb: float | None = field(
+        default=None,
+        metadata={"help": "engine memory (MiB) the utterances in progress may hold together (their caches); "
+                  "newcomers wait while it is spent (default: the engine's own; none for Piper)",
+                  "range": (1, None)},
+    )
     extra: dict[str, object] = field(default_factory=dict)
     """Engine-specific keyword arguments (tests set CosyVoice2's ``cpu_threads``); not a setting."""
 
