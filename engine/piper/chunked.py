@@ -17,11 +17,14 @@ frame and see which output samples move, in float64):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from .vits import Vits
+
+T = TypeVar("T")
 
 # 14 frames = 162.5 ms at 22050 Hz / hop 256: the first piece fills a whole 150 ms
 # network frame, so the rechunker downstream can send it without waiting for piece two,
@@ -76,6 +79,17 @@ def _window(start: int, end: int, context: int, n_frames: int, min_size: int) ->
     hi += grow
     lo = max(0, lo - (short - grow))
     return lo, hi
+
+
+def batch_parts(items: list[T]) -> list[list[T]]:
+    """``items`` cut into runs whose sizes are powers of two (7 -> 4, 2, 1): batch sizes,
+    like widths, then come in a few shapes, so oneDNN's kernel cache stays bounded."""
+    parts, start = [], 0
+    while start < len(items):
+        size = 1 << ((len(items) - start).bit_length() - 1)
+        parts.append(items[start : start + size])
+        start += size
+    return parts
 
 
 class SentenceDecoder:
@@ -172,10 +186,11 @@ def step_sentences(sentences: list[SentenceDecoder]) -> list[np.ndarray]:
             if hi > lo:
                 by_width.setdefault(hi - lo, []).append(member)
         rows: dict[int, torch.Tensor] = {}
-        for members in by_width.values():
-            out = run(members)
-            for k, member in enumerate(members):
-                rows[member] = out[k : k + 1]
+        for same_width in by_width.values():
+            for members in batch_parts(same_width):
+                out = run(members)
+                for k, member in enumerate(members):
+                    rows[member] = out[k : k + 1]
         return rows
 
     # The flow writes z in place; the same inputs give the same z, so a step that fails

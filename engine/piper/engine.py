@@ -24,7 +24,7 @@ import torch
 from engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from engine.piper.alignment import Aligner, word_phonemes
 from engine.piper.chunked import (
-    CONTEXT_FRAMES, FIRST_CHUNK_FRAMES, SHAPE_BUCKET, SentenceDecoder, step_sentences, stream_chunks,
+    CONTEXT_FRAMES, FIRST_CHUNK_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, step_sentences, stream_chunks,
 )
 from engine.threads import configure_cpu_threads, onnx_session_options
 
@@ -283,9 +283,12 @@ class PiperEngine(Engine):
         if starting:
             ids = [torch.tensor(voice.piper.phonemes_to_ids(s.sentences[s.next_sentence]), dtype=torch.long)
                    for s in starting]
+            priors = []
             with torch.inference_mode():
-                priors = vits.infer_priors(ids, cfg.noise_scale, [s.length_scale for s in starting],
-                                           cfg.noise_w_scale, bucket=PHONEME_BUCKET)
+                for part in batch_parts(list(range(len(starting)))):
+                    priors += vits.infer_priors([ids[i] for i in part], cfg.noise_scale,
+                                                [starting[i].length_scale for i in part], cfg.noise_w_scale,
+                                                bucket=PHONEME_BUCKET)
             for s, (z_p, d) in zip(starting, priors):
                 decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET)
                 durations[id(s)] = d.cpu().numpy()
