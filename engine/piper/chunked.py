@@ -97,8 +97,8 @@ class SentenceDecoder:
     next span, running the flow lazily just ahead of it. Steps of many sentences run
     together in ``step_sentences``; a lone sentence is the same with a batch of one.
 
-    A step is planned (``_plan``), computed, then committed, so a step that raises
-    leaves the sentence as it was."""
+    A step is planned (its flow and decoder windows), computed, then committed, so a
+    step that raises leaves the sentence as it was."""
 
     def __init__(
         self,

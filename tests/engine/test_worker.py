@@ -8,6 +8,7 @@ import pytest
 from engine.base import SynthesisParams
 from engine.audio_queue import Failed, Finished
 from engine.worker import Worker
+from tests.fixtures.waiting import drain, wait_until
 from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitches, word_pitch
 
 TONE = SynthesisParams(voice="tone")
@@ -25,24 +26,6 @@ def worker(engine):
     yield w
     engine.release.set()
     w.stop()
-
-
-async def drain(u, timeout=10.0):
-    pieces = []
-    while True:
-        item = await asyncio.wait_for(u.queue.get(), timeout)
-        if isinstance(item, np.ndarray):
-            pieces.append(item)
-        else:
-            return (np.concatenate(pieces) if pieces else np.zeros(0, np.float32)), item
-
-
-async def wait_until(predicate, timeout=10.0):
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 async def test_utterance_audio_matches_its_words(worker):

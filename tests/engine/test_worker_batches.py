@@ -12,6 +12,7 @@ import pytest
 from engine.audio_queue import Failed, Finished
 from engine.base import SynthesisParams
 from engine.worker import Worker
+from tests.fixtures.waiting import drain, wait_until
 from tests.fixtures.engines import RATE, WORD_SECONDS, BatchToneEngine, dominant_pitches, word_pitch
 
 TONE = SynthesisParams(voice="tone")
@@ -32,24 +33,6 @@ def stopping():
         engine.gated = False
         engine.permits.release(1000)
         w.stop()
-
-
-async def drain(u, timeout=20.0):
-    pieces = []
-    while True:
-        item = await asyncio.wait_for(u.queue.get(), timeout)
-        if isinstance(item, np.ndarray):
-            pieces.append(item)
-        else:
-            return (np.concatenate(pieces) if pieces else np.zeros(0, np.float32)), item
-
-
-async def wait_until(predicate, timeout=10.0):
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 def speak(worker: Worker, text: str):

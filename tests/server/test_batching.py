@@ -11,19 +11,11 @@ import pytest
 
 from server.config import ServerConfig
 from tests.conftest import run_server
+from tests.fixtures.waiting import wait_until
 from tests.fixtures.engines import RATE, BatchToneEngine, dominant_pitches, word_pitch
 from voxwire_client.sync import synthesize_async
 
 TEXTS = ["alpha beta gamma delta.", "one two three four five.", "red green blue.", "north south east west."]
-
-
-async def until(predicate) -> None:
-    """Wait for a state of the worker (counted, not timed; bounded by 30 s)."""
-    for _ in range(3000):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the worker never got there")
 
 
 @pytest.fixture
@@ -51,10 +43,10 @@ async def test_newcomers_through_both_doors_share_steps_and_get_their_own_audio(
     # A first utterance holds the worker inside a gated step, so that the four newcomers
     # all arrive while it waits, and all join the step after it.
     blocker = asyncio.create_task(synthesize_async("hold.", server.ws, sample_rate=RATE))
-    await until(lambda: engine.entered > before)
+    await wait_until(lambda: engine.entered > before)
     sockets = [asyncio.create_task(synthesize_async(t, server.ws, sample_rate=RATE)) for t in TEXTS[:3]]
     http = asyncio.create_task(openai(TEXTS[3]))
-    await until(lambda: len(worker.utterances()) == 5)
+    await wait_until(lambda: len(worker.utterances()) == 5)
     engine.permits.release(1000)
     await blocker
     results = await asyncio.gather(*sockets)
