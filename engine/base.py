@@ -158,11 +158,14 @@ class Engine(ABC):
         reported as an internal engine error for that utterance alone.
 
         A batching engine overrides ``open`` and ``step`` instead, and gets this for free:
-        the segment's pieces, stepped alone.
+        the segment's pieces, stepped alone. A request ``open`` refuses raises here, at
+        the call, not at the first ``next()``.
         """
         if type(self).open is Engine.open:
             raise NotImplementedError(f"{type(self).__name__} defines neither synthesize nor open and step")
-        stream = self.open(text, params)
+        return self._stepped_alone(self.open(text, params))
+
+    def _stepped_alone(self, stream: Stream) -> Iterator[np.ndarray | WordTimings]:
         try:
             while True:
                 (result,) = self.step([stream])
