@@ -88,7 +88,8 @@ def held_level(results: list[loadgen.UtteranceResult]) -> dict[str, Any]:
 
 async def batch_sizes(http: str) -> dict[str, float]:
     """Steps by batch size, from the cumulative histogram on /metrics."""
-    text = (await httpx.AsyncClient().get(f"{http}/metrics")).text
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{http}/metrics")).text
     buckets = {}
     for m in re.finditer(r'voxwire_batch_size_bucket\{[^}]*le="([^"]+)"[^}]*\} ([0-9.e+]+)', text):
         buckets[m.group(1)] = float(m.group(2))

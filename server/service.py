@@ -40,7 +40,11 @@ class Service:
         self.config = config
         self.admission = admission or admission_for_process(config.limits)
         factory = engine_factory(config.engine)
-        base = make_worker or (lambda: Worker(factory, max_queue_seconds=config.limits.max_queue_seconds))
+        budget = config.engine.memory_budget_mb
+        base = make_worker or (lambda: Worker(
+            factory, max_queue_seconds=config.limits.max_queue_seconds, max_batch=config.engine.max_batch,
+            memory_budget=None if budget is None else int(budget * 2**20),
+        ))
         self.metrics = Metrics(self.snapshot, worker=os.environ.get(WORKER_INDEX_ENV, "0"))
         self.cache = ResultCache(int(config.cache_mb * 1024 * 1024))
 

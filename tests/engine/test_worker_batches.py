@@ -2,7 +2,9 @@
 step, newcomers join between steps, and one member's end never disturbs the others.
 
 Steps are counted, never timed: the batching tone engine records which streams each
-step advanced, and with ``gated`` a step runs only when the test hands it a permit."""
+step advanced, and with ``gated`` a step runs only when the test hands it a permit.
+``together`` makes utterances arrive at the same moment for the worker: while it waits
+inside the step of a one-word blocker, so all of them join the step after it."""
 
 import asyncio
 
@@ -41,6 +43,26 @@ def speak(worker: Worker, text: str):
     return u
 
 
+async def together(worker: Worker, engine: BatchToneEngine, texts: list[str]) -> list:
+    """Submit ``texts`` while the worker waits inside a one-word blocker's step, then let
+    that one step run: the worker then opens them all and waits inside the next step,
+    which they share. The blocker's is ``engine.batches[0]``."""
+    engine.gated = True
+    blocker = speak(worker, "hold.")
+    await wait_until(lambda: engine.entered == 1)
+    us = [speak(worker, t) for t in texts]
+    engine.permits.release(1)
+    await drain(blocker)
+    return us
+
+
+async def run_together(worker: Worker, engine: BatchToneEngine, texts: list[str]) -> list:
+    """``together``, run to the end; each utterance's audio and end marker."""
+    us = await together(worker, engine, texts)
+    engine.permits.release(1000)
+    return list(await asyncio.gather(*(drain(u) for u in us)))
+
+
 def pitches_of(text: str) -> list[float]:
     return [word_pitch(w.strip(".,!?")) for w in text.split()]
 
@@ -50,18 +72,16 @@ async def test_utterances_that_arrive_together_advance_in_one_step(stopping):
     worker = start(engine)
     stopping.append((worker, engine))
     texts = ["alpha beta gamma.", "delta epsilon.", "zeta eta theta iota.", "kappa."]
-    us = [speak(worker, t) for t in texts]
-    await wait_until(lambda: all(u.stream is not None for u in us))  # all four are waiting to join
-    engine.permits.release(100)
-    results = await asyncio.gather(*(drain(u) for u in us))
+    results = await run_together(worker, engine, texts)
     for text, (audio, end) in zip(texts, results):
         assert isinstance(end, Finished)
         assert audio.size == len(text.split()) * WORD
         assert dominant_pitches(audio) == pytest.approx(pitches_of(text), abs=15)
-    # Four words for the longest, so four steps advanced all of them: the first one all four.
-    assert len(engine.batches[0]) == 4
-    assert worker.stats.steps == 4 and worker.stats.batch_sizes[4] == 1
-    assert sum(n * k for n, k in worker.stats.batch_sizes.items()) == sum(len(t.split()) for t in texts)
+    # Four words for the longest, so four steps (after the blocker's) advanced all of
+    # them: the first one all four.
+    assert len(engine.batches[1]) == 4
+    assert worker.stats.steps == 1 + 4 and worker.stats.batch_sizes[4] == 1
+    assert sum(n * k for n, k in worker.stats.batch_sizes.items()) == 1 + sum(len(t.split()) for t in texts)
 
 
 async def test_a_newcomer_joins_between_steps_and_max_batch_1_turns_batching_off(stopping):
@@ -93,8 +113,7 @@ async def test_a_cancelled_member_leaves_before_the_next_step_and_the_others_fin
     worker = start(engine)
     stopping.append((worker, engine))
     texts = ["red orange yellow green blue.", "cancel me now please now.", "sun moon star comet planet."]
-    us = [speak(worker, t) for t in texts]
-    await wait_until(lambda: all(u.stream is not None for u in us))
+    us = await together(worker, engine, texts)
     engine.permits.release(2)
     await wait_until(lambda: all(u.steps == 2 for u in us))
     victim = us[1].stream.name
@@ -104,7 +123,8 @@ async def test_a_cancelled_member_leaves_before_the_next_step_and_the_others_fin
     assert isinstance(a_end, Finished) and isinstance(c_end, Finished)
     # A cancelled utterance's queue gets no end marker: its session says "cancelled".
     assert us[1].outcome == "cancelled" and us[1].generator_closed and us[1].steps == 3
-    assert [victim in b for b in engine.batches] == [True] * 3 + [False] * (len(engine.batches) - 3)
+    batches = engine.batches[1:]  # after the blocker's
+    assert [victim in b for b in batches] == [True] * 3 + [False] * (len(batches) - 3)
     for text, audio in ((texts[0], a_audio), (texts[2], c_audio)):
         assert dominant_pitches(audio) == pytest.approx(pitches_of(text), abs=15)
 
@@ -114,10 +134,7 @@ async def test_an_engine_error_fails_its_own_member_and_the_batch_carries_on(sto
     worker = start(engine)
     stopping.append((worker, engine))
     texts = ["one two three.", "four explode five.", "six seven eight."]
-    us = [speak(worker, t) for t in texts]
-    await wait_until(lambda: all(u.stream is not None for u in us))
-    engine.permits.release(100)
-    results = await asyncio.gather(*(drain(u) for u in us))
+    results = await run_together(worker, engine, texts)
     failed_audio, failed = results[1]
     assert isinstance(failed, Failed) and failed.code == "engine_error"
     assert failed_audio.size == WORD  # "four", then it failed on the step that exploded
@@ -132,16 +149,13 @@ async def test_a_whole_batch_failure_is_pinned_on_its_member_by_stepping_alone(s
     worker = start(engine)
     stopping.append((worker, engine))
     texts = ["one two three.", "four boom five.", "six seven eight."]
-    us = [speak(worker, t) for t in texts]
-    await wait_until(lambda: all(u.stream is not None for u in us))
-    engine.permits.release(100)
-    results = await asyncio.gather(*(drain(u) for u in us))
+    results = await run_together(worker, engine, texts)
     assert isinstance(results[1][1], Failed) and results[1][1].code == "engine_error"
     for i in (0, 2):
         audio, end = results[i]
         assert isinstance(end, Finished) and dominant_pitches(audio) == pytest.approx(pitches_of(texts[i]), abs=15)
     # The failed batch of three, then each of its members alone, then the two survivors.
-    sizes = [len(b) for b in engine.batches]
+    sizes = [len(b) for b in engine.batches[1:]]
     assert sizes[:5] == [3, 3, 1, 1, 1]
 
 
@@ -151,8 +165,7 @@ async def test_the_memory_budget_makes_newcomers_wait_and_then_complete(stopping
     worker = start(engine, memory_budget=600)
     stopping.append((worker, engine))
     texts = ["a b c.", "d e f.", "g h i.", "j k l."]
-    us = [speak(worker, t) for t in texts]
-    results = await asyncio.gather(*(drain(u) for u in us))
+    results = await run_together(worker, engine, texts)
     for text, (audio, end) in zip(texts, results):
         assert isinstance(end, Finished) and audio.size == 3 * WORD
     assert max(len(b) for b in engine.batches) == 2  # never more than the budget holds
@@ -164,8 +177,7 @@ async def test_a_segment_larger_than_the_whole_budget_fails_clearly(stopping):
     engine = BatchToneEngine(max_batch=8, memory_per_word=100)
     worker = start(engine, memory_budget=250)
     stopping.append((worker, engine))
-    big, small = speak(worker, "far too many words here."), speak(worker, "ok.")
-    (_, big_end), (audio, small_end) = await asyncio.gather(drain(big), drain(small))
+    (_, big_end), (audio, small_end) = await run_together(worker, engine, ["far too many words here.", "ok."])
     assert isinstance(big_end, Failed) and big_end.code == "over_memory_budget"
     assert "MiB" in big_end.message
     assert isinstance(small_end, Finished) and audio.size == WORD
