@@ -382,9 +382,8 @@ class Worker:
                 if self._stopping:
                     return
                 seen = self._changes
+                # Each stays counted in `active` until _end has closed its stream.
                 cancelled = [u for u in self._utterances if u.state is State.CANCELLING]
-                for u in cancelled:
-                    self._utterances.remove(u)
                 call = self._calls.popleft() if self._calls else None
             for u in cancelled:
                 self._end(u, State.CANCELLED, None)
