@@ -40,7 +40,7 @@ ORACLE := tests/engine/cosyvoice2/oracle-requirements.txt
 # The CosyVoice2 reference (a test oracle only) goes in without its dependencies: it pins
 # torch, numpy and transformers versions that the project must not take.
 $(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml $(ORACLE)
-	$(BIN)/python -m pip install --quiet -e clients/python -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e clients/python -e '.[test,bench,ray]'
 	$(BIN)/python -m pip install --quiet --no-deps -r $(ORACLE)
 	touch $@
 

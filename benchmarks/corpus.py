@@ -28,3 +28,13 @@ def first_sentence(words: int) -> str:
 
 
 FIRST_SENTENCE_WORDS = (3, 10, 20, 40)
+
+# The comparison's headline text: three sentences, so that a server that streams sentence
+# by sentence and one that streams within a sentence both have something to gain.
+THREE_SENTENCES = (
+    "It is twenty one degrees and sunny right now. Expect light rain after six tonight. "
+    "Take an umbrella if you go out later."
+)
+
+WARMUP = ["Warming up.", "This sentence warms up the voice before anything is measured."]
+"""What every server, and the floor, speaks before it is measured."""

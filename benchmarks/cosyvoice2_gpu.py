@@ -3,12 +3,12 @@
 Builds the full-size CosyVoice2-0.5B architecture with random weights in memory (no
 download, no checkpoint files), registers nothing: each utterance uses a random
 prompt of ``--prompt-seconds``. The LM is forced to emit exactly ``--tokens`` speech
-tokens. ``C`` utterances start together and are advanced round-robin on one thread,
-as the engine worker does (utterances without audio first), and we time each one's
-first audio piece. Prints a markdown table and a JSON line.
+tokens. ``C`` utterances start together and are stepped through the engine's batched
+step (``engine/cosyvoice2/batch.py``), batched and unbatched in the same run, and we
+time each one's first audio piece. Prints a markdown table and a JSON line.
 
     .venv/bin/python -m benchmarks.cosyvoice2_gpu                  # CUDA, full size, bf16
-    .venv/bin/python -m benchmarks.cosyvoice2_gpu --tiny --device cpu --concurrency 1 2
+    .venv/bin/python -m benchmarks.cosyvoice2_gpu --tiny --device cpu --first-only --repeats 1 --threads 1
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.cosyvoice2.flow import CausalFlow
+from engine.cosyvoice2.flow import CausalFlow, cache_bound
 from engine.cosyvoice2.frontend import Prompt
 from engine.cosyvoice2.hift import HiFTGenerator
 from engine.cosyvoice2.lm import SpeechLM
 from engine.cosyvoice2.model_config import QwenConfig, parse_config
-from engine.cosyvoice2.pipeline import Stats, synthesize_ids
+from engine.cosyvoice2.batch import Batcher
+from engine.cosyvoice2.pipeline import Stats
 from engine.cosyvoice2.weights import Models, load_models
 from engine.cosyvoice2.yaml_reader import load_hyperpyyaml
 
@@ -61,40 +62,68 @@ def random_prompt(models: Models, seconds: float, seed: int) -> Prompt:
     )
 
 
-def run_level(models: Models, concurrency: int, args: argparse.Namespace, sync) -> list[float]:
+def run_level(models: Models, concurrency: int, args: argparse.Namespace, sync, batched: bool) -> tuple[list[float], list[int]]:
+    """First-chunk latencies (s) of ``concurrency`` utterances started together, and the
+    batch size of every step. Batched: every step advances all live streams together
+    (those without audio first, up to ``--max-batch`` and the step budget), through the
+    engine's own ``Batcher.step``. Unbatched: one stream per step, the one without audio
+    that came first (the scheduler's first-audio-first policy with a batch of one)."""
     stats = Stats()
+    batcher = Batcher(models, stats, args.first_chunk)
     latencies: list[float] = []
+    sizes: list[int] = []
     for rep in range(args.repeats):
-        gens, started, firsts = [], [], {}
+        streams, firsts = [], {}
+        text = [(100 + k) % (models.cfg.lm.qwen.vocab_size - 32) for k in range(args.text_tokens)]
         for i in range(concurrency):
             prompt = random_prompt(models, args.prompt_seconds, seed=i)
-            text = [(100 + k) % (models.cfg.lm.qwen.vocab_size - 32) for k in range(args.text_tokens)]
-            g = torch.Generator(device=models.flow.input_embedding.weight.device).manual_seed(rep * 1000 + i)
-            gens.append(
-                synthesize_ids(
-                    models, prompt, text, stats=stats, first_chunk_tokens=args.first_chunk,
-                    generator=g, min_tokens=args.tokens, max_tokens=args.tokens,
-                )
-            )  # fmt: skip
-            started.append(time.perf_counter())
-        live = set(range(concurrency))
+            streams.append(batcher.open(prompt, [text], 1.0, rep * 1000 + i, min_tokens=args.tokens, max_tokens=args.tokens))
+        started = time.perf_counter()
+        live = list(range(concurrency))
         while live:
-            # Worker policy: utterances without audio first, round-robin among them.
-            waiting = [i for i in sorted(live) if i not in firsts] or sorted(live)
-            for i in waiting:
-                try:
-                    piece = next(gens[i])
-                except StopIteration:
-                    live.discard(i)
-                    continue
-                sync()
-                if i not in firsts and piece.size:
-                    firsts[i] = time.perf_counter() - started[i]
+            order = sorted(live, key=lambda i: (i in firsts, i))
+            if batched:
+                chosen, cost = [], 0
+                for i in order[: args.max_batch]:
+                    c = streams[i].cost()
+                    if chosen and cost + c > args.step_budget:
+                        continue
+                    chosen.append(i)
+                    cost += c
+            else:
+                chosen = order[:1]
+            results = batcher.step([streams[i] for i in chosen])
+            sync()
+            now = time.perf_counter()
+            sizes.append(len(chosen))
+            for i, r in zip(chosen, results):
+                if isinstance(r, Exception):
+                    raise r
+                if i not in firsts and any(p.size for p in r.pieces):
+                    firsts[i] = now - started
                     if args.first_only:
-                        gens[i].close()
-                        live.discard(i)
+                        r.done = True
+                if r.done:
+                    streams[i].close()
+                    live.remove(i)
         latencies += [firsts[i] for i in range(concurrency) if i in firsts]
-    return latencies
+    return latencies, sizes
+
+
+def print_memory(models: Models, args: argparse.Namespace, dtype: torch.dtype) -> None:
+    """What admission counts per stream, by part, from the loaded model's own shapes."""
+    batcher = Batcher(models, Stats(), args.first_chunk)
+    text = list(range(100, 100 + args.text_tokens))
+    print(f"KV cache: {batcher.kv_per_token} B per token per sequence ({dtype})")
+    for seconds in (3.0, args.prompt_seconds):
+        prompt = random_prompt(models, seconds, 0)
+        plan = batcher.plan(prompt, text)
+        kv = batcher.kv_per_token * (plan.n_prefill + plan.hi + 1)
+        n_flow = len(prompt.speech_tokens) - plan.drop + plan.hi + models.cfg.flow.pre_lookahead_len
+        flow = cache_bound(models.flow, n_flow, dtype)
+        total = batcher.plan_bytes(prompt, plan)
+        print(json.dumps({"prompt_seconds": seconds, "text_tokens": len(text), "max_speech_tokens": plan.hi,
+                          "kv_bytes": kv, "flow_bytes": flow, "vocoder_bytes": total - kv - flow, "memory_bytes": total}))  # fmt: skip
 
 
 def main() -> None:
@@ -103,14 +132,23 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--tiny", action="store_true", help="tiny random model (CPU smoke test)")
     ap.add_argument("--model-dir", type=Path, default=None, help="load this model directory instead")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--modes", nargs="+", default=["batched", "unbatched"], choices=["batched", "unbatched"],
+                    help="unbatched: one stream per step (batching off)")  # fmt: skip
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--step-budget", type=int, default=8192, help="LM positions per step (a prefill costs its length)")
     ap.add_argument("--tokens", type=int, default=100, help="speech tokens each utterance emits")
     ap.add_argument("--text-tokens", type=int, default=20)
     ap.add_argument("--prompt-seconds", type=float, default=6.0)
     ap.add_argument("--first-chunk", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--first-only", action="store_true", help="close each utterance after its first audio")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="print each stream's declared device memory (Stream.memory_bytes) and its parts, then exit")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 suits the tiny model)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -127,26 +165,34 @@ def main() -> None:
         models = full_size_models(device, dtype)
         label = "CosyVoice2-0.5B architecture, random weights"
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if args.memory_only:
+        print_memory(models, args, dtype)
+        return
 
     with torch.inference_mode():
-        run_level(models, 1, argparse.Namespace(**{**vars(args), "repeats": 1}), sync)  # warm-up
+        run_level(models, 1, argparse.Namespace(**{**vars(args), "repeats": 1}), sync, True)  # warm-up
         rows = []
         for c in args.concurrency:
-            lat = np.asarray(run_level(models, c, args, sync)) * 1000
-            rows.append({"concurrency": c, "n": int(lat.size), "p50_ms": float(np.percentile(lat, 50)),
-                         "p95_ms": float(np.percentile(lat, 95)), "max_ms": float(lat.max())})  # fmt: skip
+            for mode in args.modes:  # side by side, in the same run
+                lat_s, sizes = run_level(models, c, args, sync, mode == "batched")
+                lat = np.asarray(lat_s) * 1000
+                rows.append({"concurrency": c, "mode": mode, "n": int(lat.size), "p50_ms": float(np.percentile(lat, 50)),
+                             "p95_ms": float(np.percentile(lat, 95)), "max_ms": float(lat.max()),
+                             "steps": len(sizes), "mean_batch": float(np.mean(sizes)), "max_batch": int(max(sizes))})  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)  # as it goes: a long run that is cut short keeps its rows
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\nCosyVoice2 first-chunk latency — {label}, {gpu}, {dtype}, {args.tokens} tokens/utterance, "
           f"first chunk {args.first_chunk} tokens (+3 lookahead), prompt {args.prompt_seconds:.0f} s\n")  # fmt: skip
-    print("| concurrency | utterances | p50 (ms) | p95 (ms) | max (ms) |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| concurrency | mode | utterances | p50 (ms) | p95 (ms) | max (ms) | steps | mean batch |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['concurrency']} | {r['n']} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['max_ms']:.1f} |")
+        print(f"| {r['concurrency']} | {r['mode']} | {r['n']} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['max_ms']:.1f} "
+              f"| {r['steps']} | {r['mean_batch']:.1f} |")  # fmt: skip
     print()
     print(json.dumps({"benchmark": "cosyvoice2_first_chunk", "device": gpu, "dtype": str(dtype), "model": label,
-                      "tokens": args.tokens, "first_chunk_tokens": args.first_chunk, "results": rows}))  # fmt: skip
-
+                      "tokens": args.tokens, "first_chunk_tokens": args.first_chunk, "first_only": args.first_only,
+                      "repeats": args.repeats, "results": rows}))  # fmt: skip
 
 if __name__ == "__main__":
     main()

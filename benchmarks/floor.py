@@ -38,3 +38,16 @@ def measure(engine: Engine, text: str, voice: str) -> FloorResult:
         words=len(text.split()), first_chunk_ms=first * 1000, whole_ms=whole * 1000,
         audio_ms=samples / engine.sample_rate * 1000,
     )
+
+
+def repeated(engine: Engine, texts: list[str], voice: str, repeats: int, warmup: list[str]) -> list[list[FloorResult]]:
+    """Each text ``repeats`` times, after the same warm-up texts the servers get, with the
+    texts interleaved within each repeat as the server's rows are: the floor is measured
+    exactly as carefully as what it is compared with. One list of results per text."""
+    for text in warmup:
+        measure(engine, text, voice)
+    out: list[list[FloorResult]] = [[] for _ in texts]
+    for _ in range(repeats):
+        for i, text in enumerate(texts):
+            out[i].append(measure(engine, text, voice))
+    return out

@@ -28,7 +28,11 @@ class UtteranceResult:
     ttfa_ms: float = float("nan")
     """Client-observed: from sending the text to receiving the first audio frame."""
     total_ms: float = float("nan")
-    """From sending the text to receiving ``done``."""
+    """From sending the text to the end of the answer (``done``, the body's last byte)."""
+    last_audio_ms: float = float("nan")
+    """From sending the text to receiving the last audio."""
+    first_byte_ms: float = float("nan")
+    """HTTP only: the first byte of the body, audio or not (a WAV header, an mp3 frame)."""
     audio_ms: float = 0.0
     frames: int = 0
     max_gap_ms: float = 0.0
@@ -50,7 +54,9 @@ class UtteranceResult:
 _ids = itertools.count()
 
 
-async def speak(ws: Any, text: str, settings: dict[str, Any], start_ms: float = 100.0) -> UtteranceResult:
+async def speak(
+    ws: Any, text: str, settings: dict[str, Any], start_ms: float = 100.0, timeout_s: float = 120.0
+) -> UtteranceResult:
     """Speak one text on an open connection and measure it."""
     ctx = f"b{next(_ids)}"
     result = UtteranceResult(words=len(text.split()))
@@ -60,7 +66,7 @@ async def speak(ws: Any, text: str, settings: dict[str, Any], start_ms: float = 
     sent = time.perf_counter()
     await ws.send(orjson.dumps({"type": "speak", "ctx": ctx, "text": text, **settings}).decode())
     while True:
-        raw = await asyncio.wait_for(ws.recv(), 120)
+        raw = await asyncio.wait_for(ws.recv(), timeout_s)
         now = time.perf_counter() - sent
         if isinstance(raw, bytes):
             frame = msgpack.unpackb(raw)
@@ -82,9 +88,18 @@ async def speak(ws: Any, text: str, settings: dict[str, Any], start_ms: float = 
             result.error = event["code"]
             result.total_ms = now * 1000
             return result
+    return finish(result, arrivals, durations, start_ms)
+
+
+def finish(
+    result: UtteranceResult, arrivals: list[float], durations: list[float], start_ms: float = 100.0
+) -> UtteranceResult:
+    """Fill in the figures every protocol reports from when each piece of audio arrived
+    (seconds after the request) and how long it plays (seconds)."""
     play = simulate(arrivals, durations, start_ms)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     result.ttfa_ms = arrivals[0] * 1000 if arrivals else float("nan")
+    result.last_audio_ms = arrivals[-1] * 1000 if arrivals else float("nan")
     result.audio_ms = sum(durations) * 1000
     result.frames = len(arrivals)
     result.max_gap_ms = max(gaps, default=0.0) * 1000
@@ -156,3 +171,51 @@ async def poisson(
         tasks.append(asyncio.create_task(one(rng.choice(texts))))
         await asyncio.sleep(rng.expovariate(rate_per_s))
     return list(await asyncio.gather(*tasks))
+
+
+def listening_s(r: UtteranceResult) -> float:
+    """How long a listener still hears this utterance after the answer has arrived."""
+    if r.error is not None or r.sound_ms != r.sound_ms:
+        return 0.0
+    return max(0.0, (r.sound_ms + r.audio_ms + r.stall_ms - r.total_ms) / 1000)
+
+
+async def staggered(
+    opener: Any, listeners: int, utterances: int, texts: list[str], spread_s: float
+) -> list[UtteranceResult]:
+    """Real-time listeners who arrive at staggered times (listener i after i/N of
+    ``spread_s``), then speak, hear the answer out, and speak again, until ``utterances``
+    have been spoken in all. ``opener`` is a :class:`benchmarks.protocols.Opener`."""
+    each = -(-utterances // listeners)
+
+    async def listener(i: int) -> list[UtteranceResult]:
+        await asyncio.sleep(spread_s * i / listeners)
+        session = opener.session()
+        out = []
+        try:
+            for k in range(each):
+                r = await session.speak(texts[(i + k) % len(texts)])
+                out.append(r)
+                await asyncio.sleep(listening_s(r))
+        finally:
+            await session.close()
+        return out
+
+    results = await asyncio.gather(*(listener(i) for i in range(listeners)))
+    return [r for rs in results for r in rs]
+
+
+async def burst(opener: Any, newcomers: int, rounds: int, texts: list[str]) -> list[UtteranceResult]:
+    """``newcomers`` fresh clients that all speak at the same moment, ``rounds`` times;
+    each round starts once the last one's answer has arrived."""
+    out: list[UtteranceResult] = []
+    for k in range(rounds):
+        sessions = [opener.session() for _ in range(newcomers)]
+        try:
+            out += await asyncio.gather(
+                *(s.speak(texts[(k * newcomers + i) % len(texts)]) for i, s in enumerate(sessions))
+            )
+        finally:
+            for s in sessions:
+                await s.close()
+    return out

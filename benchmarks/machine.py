@@ -29,6 +29,9 @@ def facts(device: str = "cpu") -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": device,
+        # Other work on the machine when the run began: on a shared machine, this is how
+        # much to trust the absolute figures (the ratios within a run hold up better).
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     try:
         import torch

@@ -1,67 +1,71 @@
-"""What users would run instead, measured the same way: Piper's own HTTP server
-(``python -m piper.http_server`` from piper-tts, with the same voice file), which
-synthesises the whole text and then sends one WAV."""
+"""What users would run instead, started on 127.0.0.1 with the same voice file:
+
+- Piper's own HTTP server (``python -m piper.http_server`` from piper-tts), which
+  synthesises the whole text and then sends one WAV;
+- wyoming-piper (Home Assistant's standard voice server), which speaks Wyoming over TCP
+  and, for streamed text, sends audio sentence by sentence.
+
+Each is launched without waiting, so that they load their models at the same time, and
+:func:`ready` waits for them all.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-import httpx
+from benchmarks.process import free_port, stop, wait_http, wait_tcp
 
-from benchmarks.process import free_port, stop, wait_http
-
-
-@dataclass(frozen=True)
-class PeerResult:
-    words: int
-    ttfb_ms: float
-    """Time to the first byte of the response body: the earliest a client could play."""
-    total_ms: float
-    audio_ms: float
+START_TIMEOUT_S = 600.0
 
 
-def spawn_piper_http(model: Path) -> tuple[subprocess.Popen[bytes], str]:
+@dataclass
+class Peer:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    wait: Callable[[], None]
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        stop(self.proc)
+        for f in self.cleanup:
+            f()
+
+
+def launch_piper_http(model: Path) -> Peer:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "piper.http_server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    wait_http(f"{base}/voices", proc)
-    return proc, base
+    return Peer("Piper HTTP", f"{base}/synthesize", proc, lambda: wait_http(f"{base}/voices", proc, START_TIMEOUT_S))
 
 
-async def measure(base: str, texts: list[str], concurrency: int = 1) -> list[PeerResult]:
-    async def one(client: httpx.AsyncClient, text: str) -> PeerResult:
-        start = time.perf_counter()
-        first = None
-        size = 0
-        async with client.stream("POST", f"{base}/synthesize", json={"text": text}) as r:
-            r.raise_for_status()
-            async for chunk in r.aiter_raw():
-                if first is None and chunk:
-                    first = time.perf_counter() - start
-                size += len(chunk)
-        total = time.perf_counter() - start
-        # 16-bit mono WAV at the voice's 22050 Hz, after a 44-byte header.
-        return PeerResult(len(text.split()), (first or total) * 1000, total * 1000, (size - 44) / 2 / 22050 * 1000)
-
-    async with httpx.AsyncClient(timeout=120) as client:
-        results: list[PeerResult] = []
-        for i in range(0, len(texts), concurrency):
-            batch = texts[i : i + concurrency]
-            results += await asyncio.gather(*(one(client, t) for t in batch))
-        return results
+def launch_wyoming_piper(model: Path) -> Peer:
+    """The voice is given as a file path, so wyoming-piper loads that file and never
+    looks for (or downloads) a voice by name; its data directory stays empty."""
+    port = free_port()
+    data = tempfile.TemporaryDirectory(prefix="wyoming-piper-")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wyoming_piper", "--voice", str(model), "--data-dir", data.name,
+         "--uri", f"tcp://127.0.0.1:{port}", "--local-files-only"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    return Peer("wyoming-piper", f"tcp://127.0.0.1:{port}", proc, lambda: wait_tcp(port, proc, START_TIMEOUT_S), [data.cleanup])
 
 
-def run(model: Path, texts: list[str], concurrency: int = 1) -> list[PeerResult]:
-    proc, base = spawn_piper_http(model)
+def ready(peers: list[Peer]) -> None:
+    """Wait for every peer; stop them all if one fails to start."""
     try:
-        return asyncio.run(measure(base, texts, concurrency))
-    finally:
-        stop(proc)
+        for p in peers:
+            p.wait()
+    except BaseException:
+        for p in peers:
+            p.stop()
+        raise

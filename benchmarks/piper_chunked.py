@@ -22,10 +22,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks import tables
+from benchmarks.report import save_results
 from engine.piper.chunked import SHAPE_BUCKET, decode_chunks, stream_chunks
 from engine.piper.engine import PHONEME_BUCKET
 from engine.piper.onnx_weights import load_vits
@@ -134,7 +137,7 @@ def timed_first(make_iter) -> float:
     return CLOCK() - t
 
 
-def rtf_table(model, voice, sentences, scales, repeats: int) -> str:
+def rtf_table(model, voice, sentences, scales, repeats: int) -> list[dict]:
     engines = {
         "onnxruntime (whole sentence)": lambda ids: ort_synth(voice, ids, scales),
         "torch, whole sentence": lambda ids: torch_whole(model, ids, scales),
@@ -156,21 +159,16 @@ def rtf_table(model, voice, sentences, scales, repeats: int) -> str:
             runs[name].append((total_t, total_n))
     sr = model.sample_rate
     ref = statistics.median(t for t, _ in runs["onnxruntime (whole sentence)"][1:])
-    lines = [
-        "| engine | audio s | compute s (median) | RTF | RTF fresh | vs ORT |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, r in runs.items():
         t = statistics.median(x for x, _ in r[1:])
         audio = r[1][1] / sr
-        lines.append(
-            f"| {name} | {audio:.2f} | {t:.3f} | {t / audio:.4f} | {r[0][0] / (r[0][1] / sr):.4f} "
-            f"| {t / ref:.2f}x |"
-        )
-    return "\n".join(lines)
+        rows.append({"engine": name, "audio_s": audio, "compute_s": t, "rtf": t / audio,
+                     "rtf_fresh": r[0][0] / (r[0][1] / sr), "vs_onnxruntime": t / ref, "compute_s_runs": r})
+    return rows
 
 
-def latency_table(model, voice, scales, repeats: int) -> str:
+def latency_table(model, voice, scales, repeats: int) -> dict:
     inputs = {}
     for n in WORD_COUNTS:
         ids = voice.phonemes_to_ids(voice.phonemize(first_words(n))[0])
@@ -197,26 +195,17 @@ def latency_table(model, voice, scales, repeats: int) -> str:
         rows.append((n, len(ids), audio, *med, times[n, "stream"][0], prior_flops(model, ids, scales)))
     base = rows[0]
     rate = gemm_rate(model, repeats)
-    lines = [
-        "| words | phoneme ids | audio s | ORT whole sentence | decode_chunks 1st piece, z given "
-        "| infer_latent + decode_chunks 1st piece | infer_prior + stream_chunks 1st piece "
-        "| same, fresh | ratio to 3 words (z given / latent+decode / stream) "
-        "| infer_prior alone | infer_prior GFLOP | stream ratio floor here |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
-    ]
-    for n, t, audio, o, p, d, s, prior, s0, flops in rows:
-        floor = (base[6] + (flops - base[9]) / rate) / base[6]
-        lines.append(
-            f"| {n} | {t} | {audio:.2f} | {o * 1e3:.1f} ms | {p * 1e3:.1f} ms | {d * 1e3:.1f} ms "
-            f"| {s * 1e3:.1f} ms | {s0 * 1e3:.1f} ms "
-            f"| {p / base[4]:.2f}x / {d / base[5]:.2f}x / {s / base[6]:.2f}x "
-            f"| {prior * 1e3:.1f} ms | {flops / 1e9:.2f} | {floor:.2f}x |"
-        )
-    lines.append(
-        f"\nmatmul rate here ({rate / 1e9:.0f} GFLOP/s, fp32, [512 x 576] x [576 x 768]); the "
-        "floor is the 3-word time plus the extra infer_prior work at that rate"
-    )
-    return "\n".join(lines)
+    out = []
+    for n, t, audio, o, p, d, st, prior, s0, flops in rows:
+        out.append({
+            "words": n, "phoneme_ids": t, "audio_s": audio, "ort_whole_ms": o * 1e3, "piece_z_given_ms": p * 1e3,
+            "latent_decode_ms": d * 1e3, "stream_ms": st * 1e3, "stream_fresh_ms": s0 * 1e3,
+            "ratio_piece": p / base[4], "ratio_decode": d / base[5], "ratio_stream": st / base[6],
+            "prior_ms": prior * 1e3, "prior_gflop": flops / 1e9,
+            # The 3-word time plus the extra infer_prior work at this machine's matmul rate.
+            "ratio_floor": (base[6] + (flops - base[9]) / rate) / base[6],
+        })
+    return {"rows": out, "matmul_gflops": rate / 1e9}
 
 
 def receptive_field(model: Vits) -> str:
@@ -240,7 +229,7 @@ def receptive_field(model: Vits) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -252,7 +241,8 @@ def main() -> None:
     ap.add_argument("--deterministic", action="store_true", help="noise_scale = noise_w = 0")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: process CPU time; with --threads 1 it ignores other processes' load")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, help="also write piper_chunked.json there (benchmarks/README.md's tables)")
+    args = ap.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
@@ -287,11 +277,16 @@ def main() -> None:
     sentences = [voice.phonemes_to_ids(p) for p in voice.phonemize(PARAGRAPH)]
     print(f"device {args.device}; threads: torch {torch.get_num_threads()}, onnxruntime "
           f"{threads}; scales {scales}; repeats {args.repeats}; clock {args.clock}\n")
+    rtf = rtf_table(model, voice, sentences, scales, args.repeats)
+    latency = latency_table(model, voice, scales, args.repeats)
+    result = {"rtf": rtf, "latency": latency, "sentences": len(sentences), "threads": threads,
+              "torch_threads": torch.get_num_threads(), "scales": scales}
     print(f"### Real-time factor, {len(sentences)}-sentence paragraph\n")
-    print(rtf_table(model, voice, sentences, scales, args.repeats))
+    print("\n".join(tables.piper_rtf(result)))
     print("\n### Time to first audio, first sentence of N words\n")
-    print(latency_table(model, voice, scales, args.repeats))
-
+    print("\n".join(tables.piper_latency(result)))
+    if args.out:
+        save_results(args.out / "piper_chunked.json", args, **result)
 
 if __name__ == "__main__":
     main()

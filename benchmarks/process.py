@@ -34,15 +34,36 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -
     raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
 
 
-def spawn_voxwire(port: int, *args: str) -> subprocess.Popen[bytes]:
-    """``voxwire serve`` on 127.0.0.1:port, once it is ready."""
-    proc = subprocess.Popen(
+def launch_voxwire(port: int, *args: str) -> subprocess.Popen[bytes]:
+    """``voxwire serve`` on 127.0.0.1:port, starting (see :func:`wait_http`)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--log-level", "warning", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+
+
+def spawn_voxwire(port: int, *args: str) -> subprocess.Popen[bytes]:
+    """``voxwire serve`` on 127.0.0.1:port, once it is ready."""
+    proc = launch_voxwire(port, *args)
     wait_http(f"http://127.0.0.1:{port}/readyz", proc)
     return proc
+
+
+def wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    """Until something accepts connections on 127.0.0.1:port."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited during start-up ({' '.join(map(str, proc.args))})")
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"127.0.0.1:{port} did not accept connections within {timeout:.0f} s")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

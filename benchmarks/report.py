@@ -21,83 +21,156 @@ def _ms(x: float | None) -> str:
     return "n/a" if x is None or x != x else f"{x:.0f}"
 
 
-def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
-    m, h = r["machine"], r["headline"]
+def _x(x: float | None) -> str:
+    return "n/a" if x is None or x != x else f"{x:.2f}"
+
+
+def _held(n: int | None) -> str:
+    return "not measured" if n is None else str(n)
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    return (
+        f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_gb']} GB, {m['device']}"
+        f"{', ' + m['gpu'] if m.get('gpu') else ''}, Python {m['python']}, torch {m.get('torch', 'n/a')}, "
+        f"commit {m.get('commit')}, load average {m.get('load_average_1m', 'n/a')} at the start"
+    )
+
+
+def comparison_table(r: dict[str, Any]) -> list[str]:
+    """Every server side by side: concurrency 1, then the streams each held."""
     lines = [
-        "## Results",
-        "",
-        f"Command: `{command}`  ",
-        f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_gb']} GB, {m['device']}, Python {m['python']}, "
-        f"torch {m.get('torch', 'n/a')}, commit {m.get('commit')}  ",
-        f"Engine: {r['config']['engine']} ({r['config']['piper_backend']} backend), "
-        f"server: {r['config']['url'] or 'started by the bench on 127.0.0.1, result cache off'}; "
-        f"utterances served from a result cache: {r['single']['cached'] + sum(row['cached'] for row in r['sweep'])}",
-        "",
+        "| server | protocol | TTFA p50 | p95 | p99 | three sentences: TTFA p50 | last audio p50 | "
+        "streams held, staggered | held, burst | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in r["servers"].items():
+        one, three = s["single"], s["three_sentences"]
+        t = one["ttfa_ms"]
+        kind = s["kind"] + (f" ({s['format']})" if s.get("format") else "") + (
+            " (streaming)" if s.get("streaming") else "")
+        errors = one["errors"] + sum(row["errors"] for row in s["staggered"][1:] + s["burst"])
+        lines.append(
+            f"| {name} | {kind} | {_ms(t['p50'])} | {_ms(t['p95'])} | {_ms(t['p99'])} | "
+            f"{_ms(three['ttfa_ms']['p50'])} | {_ms(one['last_audio_ms']['p50'])} | {_held(s['held_staggered'])} | "
+            f"{_held(s['held_burst'])} | {errors} |"
+        )
+    return lines
+
+
+def load_table(r: dict[str, Any], kind: str) -> list[str]:
+    """One row per load level and server, levels interleaved as they were measured."""
+    lines = [
+        "| level | server | utterances | errors | TTFA p50 | p95 | p99 | last audio p50 | underruns | "
+        "with underrun | stall ms | passed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [(row["level"], name, row) for name, s in r["servers"].items() if s.get("loaded") for row in s[kind]]
+    for level, name, row in sorted(rows, key=lambda x: x[0]):
+        t = row["ttfa_ms"]
+        lines.append(
+            f"| {level} | {name} | {row['utterances']} | {row['errors']} | {_ms(t['p50'])} | {_ms(t['p95'])} | "
+            f"{_ms(t['p99'])} | {_ms(row['last_audio_ms']['p50'])} | {row['underruns']} | "
+            f"{row['utterances_with_underrun']} | {row['stall_ms']:.0f} | {'yes' if row['passed'] else 'no'} |"
+        )
+    return lines
+
+
+def length_table(r: dict[str, Any]) -> list[str]:
+    reps = r["config"]["plan"]["length_repeats"]
+    lines = [
+        f"| first sentence, words | server TTFA p50 (median of {reps}) | engine first chunk, in process "
+        f"(median of {r['floor']['repeats'] if 'floor' in r else reps}) |",
+        "|---|---|---|",
+    ]
+    floors = r["floor"]["length"] if "floor" in r else [None] * len(r["length"])
+    for row, f in zip(r["length"], floors):
+        lines.append(
+            f"| {row['words']} | {_ms(row['ttfa_ms']['p50'])} | {_ms(f['first_chunk_ms']['p50']) if f else 'n/a'} |"
+        )
+    return lines
+
+
+def headline_table(r: dict[str, Any]) -> list[str]:
+    h, target = r["headline"], r["config"]["ttfa_target_ms"]
+    lines = [
         "| headline | value |",
         "|---|---|",
         f"| TTFA p50, client-observed, concurrency 1 | {_ms(h['ttfa_p50_ms'])} ms |",
-        f"| engine's first chunk p50, in process (the floor) | {_ms(h['floor_first_chunk_p50_ms'])} ms |",
-        f"| TTFA ÷ floor | {h['ttfa_over_floor']:.2f} |",
+        f"| TTFA p50, three-sentence text | {_ms(h['three_sentences_ttfa_p50_ms'])} ms |",
     ]
-    if "piper_http_ttfb_p50_ms" in h:
+    if "wyoming_piper_three_sentences_ttfa_p50_ms" in h:
         lines += [
-            f"| Piper HTTP server, time to first byte p50 | {_ms(h['piper_http_ttfb_p50_ms'])} ms |",
-            f"| TTFA ÷ Piper HTTP | {h['ttfa_over_piper_http']:.2f} |",
+            f"| wyoming-piper, three-sentence text, TTFA p50 | {_ms(h['wyoming_piper_three_sentences_ttfa_p50_ms'])} ms |",
+            f"| Voxwire ÷ wyoming-piper, three-sentence text (target ≤ 0.5) | "
+            f"{_x(h['three_sentences_ttfa_over_wyoming_piper'])} |",
+            "| Voxwire ÷ wyoming-piper, TTFA p50 at each staggered level | "
+            + ", ".join(f"{k}: {_x(v)}" for k, v in h["staggered_p50_over_wyoming_piper"].items()) + " |",
+        ]
+    if "floor_first_chunk_p50_ms" in h:
+        lines += [
+            f"| engine's first chunk p50, in process (the floor) | {_ms(h['floor_first_chunk_p50_ms'])} ms |",
+            f"| TTFA ÷ floor | {_x(h['ttfa_over_floor'])} |",
         ]
     lines += [
-        f"| whole then play (time to the last frame) p50 | {_ms(h['whole_then_play_p50_ms'])} ms |",
-        f"| streams held (no underrun, p95 TTFA < {r['config']['ttfa_target_ms']:.0f} ms) | {h['streams_held']} |",
-        f"| compute limit (cores ÷ floor RTF) | {h['compute_limit_streams']:.1f} |",
-        "",
-        "### Concurrency sweep (closed loop; each client listens before it speaks again)",
-        "",
-        "| streams | utterances | errors | TTFA p50 | p95 | p99 | underruns | with underrun | stall ms | held |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| whole then play (time to the last audio) p50 | {_ms(h['whole_then_play_p50_ms'])} ms |",
+        f"| streams held, staggered listeners (no error or underrun, p95 TTFA < {target:.0f} ms, "
+        f"every lower level too) | {_held(h['streams_held_staggered'])} |",
+        f"| streams held, bursts of newcomers (same rule) | {_held(h['streams_held_burst'])} |",
     ]
-    for row in r["sweep"]:
-        t = row["ttfa_ms"]
+    if "compute_limit_streams" in h:
         lines.append(
-            f"| {row['concurrency']} | {row['utterances']} | {row['errors']} | {_ms(t['p50'])} | {_ms(t['p95'])} | "
-            f"{_ms(t['p99'])} | {row['underruns']} | {row['utterances_with_underrun']} | {row['stall_ms']:.0f} | "
-            f"{'yes' if row['held'] else 'no'} |"
+            f"| compute limit (1 ÷ single-stream RTF {_x(h['floor_rtf_p50'])}) | {h['compute_limit_streams']:.1f} |"
         )
+    return lines
+
+
+def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
+    m, h, cfg = r["machine"], r["headline"], r["config"]
+    target = cfg["ttfa_target_ms"]
+    lines = [
+        "## Results",
+        "",
+        f"Command: `{command}` ({r['elapsed_s']:.0f} s)  ",
+        machine_line(m) + "  ",
+        f"Server: {cfg['url']}" if cfg["url"] else
+        f"Engine: {cfg['engine']} ({cfg['piper_backend']} backend); every server started by the bench on 127.0.0.1 "
+        "with the same voice file, Voxwire with its result cache off",
+        "",
+        *headline_table(r),
+    ]
     lines += [
+        "",
+        "### Every server, concurrency 1 and streams held",
+        "",
+        *comparison_table(r),
+        "",
+        "### Staggered real-time listeners (each hears its answer out, then speaks again; level 1 is "
+        "concurrency 1)",
+        "",
+        *load_table(r, "staggered"),
+        "",
+        "### Bursts of simultaneous newcomers (a fresh connection each, all at once)",
+        "",
+        *load_table(r, "burst"),
         "",
         "### Time to first audio as the first sentence grows (concurrency 1)",
         "",
-        "| first sentence, words | server TTFA p50 (ms) | engine first chunk (ms) |",
-        "|---|---|---|",
+        *length_table(r),
     ]
-    for row, f in zip(r["length"], r["floor"]["length"]):
-        lines.append(f"| {row['words']} | {_ms(row['ttfa_ms']['p50'])} | {_ms(f['first_chunk_ms'])} |")
-    s = r["single"]
-    lines += [
-        "",
-        "### Concurrency 1",
-        "",
-        "| figure | p50 | p95 | p99 |",
-        "|---|---|---|---|",
-        *(
-            f"| {name} | {_ms(v['p50'])} | {_ms(v['p95'])} | {_ms(v['p99'])} |"
-            for name, v in [
-                ("TTFA, client (ms)", s["ttfa_ms"]),
-                ("TTFA, server's own (ms)", s["server_ttfa_ms"]),
-                ("sound starts, after a 100 ms jitter buffer (ms)", s["sound_ms"]),
-                ("whole utterance received (ms)", s["whole_ms"]),
-                ("engine alone: first chunk (ms)", r["floor"]["first_chunk_ms"]),
-                ("engine alone: whole text (ms)", r["floor"]["whole_ms"]),
-            ]
-        ),
-        f"| engine real-time factor | {r['floor']['rtf']['p50']:.3f} | {r['floor']['rtf']['p95']:.3f} | "
-        f"{r['floor']['rtf']['p99']:.3f} |",
-    ]
-    if "peers" in r:
-        p = r["peers"]["piper_http"]
+    if "floor" in r:
+        f = r["floor"]
         lines += [
-            f"| Piper HTTP: first byte (ms) | {_ms(p['ttfb_ms']['p50'])} | {_ms(p['ttfb_ms']['p95'])} | "
-            f"{_ms(p['ttfb_ms']['p99'])} |",
-            f"| Piper HTTP: whole response (ms) | {_ms(p['total_ms']['p50'])} | {_ms(p['total_ms']['p95'])} | "
-            f"{_ms(p['total_ms']['p99'])} |",
+            "",
+            "### The engine alone, in process",
+            "",
+            "| figure | p50 | p95 | p99 |",
+            "|---|---|---|---|",
+            f"| first chunk (ms) | {_ms(f['first_chunk_ms']['p50'])} | {_ms(f['first_chunk_ms']['p95'])} | "
+            f"{_ms(f['first_chunk_ms']['p99'])} |",
+            f"| whole text (ms) | {_ms(f['whole_ms']['p50'])} | {_ms(f['whole_ms']['p95'])} | "
+            f"{_ms(f['whole_ms']['p99'])} |",
+            f"| real-time factor | {f['rtf']['p50']:.3f} | {f['rtf']['p95']:.3f} | {f['rtf']['p99']:.3f} |",
         ]
     if "poisson" in r:
         po = r["poisson"]
@@ -133,25 +206,36 @@ def plots(r: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    levels = [row["concurrency"] for row in r["sweep"]]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for p, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
-        a.plot(levels, [row["ttfa_ms"][p] for row in r["sweep"]], style, label=p)
-    a.axhline(r["config"]["ttfa_target_ms"], color="grey", lw=0.8)
-    a.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="TTFA (ms)", title="Time to first audio")
-    a.set_xticks(levels, [str(x) for x in levels])
-    a.legend()
-    b.bar([str(x) for x in levels], [row["utterances_with_underrun"] for row in r["sweep"]])
-    b.set(xlabel="concurrent streams", ylabel="utterances with an underrun", title="Underruns")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, kind, title in ((axes[0], "staggered", "Staggered listeners"), (axes[1], "burst", "Bursts of newcomers")):
+        for name, s in r["servers"].items():
+            rows = s["staggered"][:1] + s["burst"] if kind == "burst" else s["staggered"]
+            if not s.get("loaded") or not rows:
+                continue
+            ax.plot([row["level"] for row in rows], [row["ttfa_ms"]["p95"] for row in rows], "o-", label=name)
+        ax.axhline(r["config"]["ttfa_target_ms"], color="grey", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="concurrent streams", title=f"{title}: p95 TTFA")
+    axes[0].set_ylabel("ms")
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "concurrency.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = list(r["servers"])
+    ax.barh(names, [r["servers"][n]["three_sentences"]["ttfa_ms"]["p50"] for n in names])
+    ax.set(xlabel="ms", title="TTFA p50, three-sentence text, concurrency 1")
+    fig.tight_layout()
+    paths.append(out / "servers.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 4))
     words = [row["words"] for row in r["length"]]
     ax.plot(words, [row["ttfa_ms"]["p50"] for row in r["length"]], "o-", label="server TTFA p50")
-    ax.plot(words, [f["first_chunk_ms"] for f in r["floor"]["length"]], "s--", label="engine first chunk")
+    if "floor" in r:
+        ax.plot(words, [f["first_chunk_ms"]["p50"] for f in r["floor"]["length"]], "s--", label="engine first chunk")
     ax.set(xlabel="words in the first sentence", ylabel="ms", title="TTFA against first-sentence length")
     ax.legend()
     fig.tight_layout()

@@ -23,6 +23,7 @@ from pathlib import Path
 import orjson
 import websockets
 
+from benchmarks.report import save_results
 from benchmarks.process import fds, free_port, gauge, rss_mb, spawn_voxwire, stop, threads
 
 CORPUS = [
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.clients, args.duration, args.warmup, args.seed, rss_tolerance_mb=args.rss_tolerance_mb)
     summary = {**asdict(result), "ok": result.ok}
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
+        save_results(args.json, args, **summary)  # with the machine's facts: README's table comes from it
     print(json.dumps(summary, indent=2))
     return 0 if result.ok else 1
 

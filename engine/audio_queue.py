@@ -3,6 +3,10 @@
 The worker thread never blocks on it: it asks ``full()`` before it computes a step for
 the utterance, and skips the utterance while its listener is behind. The bound is in
 samples, not items, because one engine step may yield 40 ms or 4 s of audio.
+
+A second bound, the playback window, holds for clients that report what they have
+played (docs/protocol.md, ``progress``): behind a proxy that buffers without limit the
+queue empties at once, so only the listener's own count says how far ahead we are.
 """
 
 from __future__ import annotations
@@ -51,13 +55,37 @@ class AudioQueue:
         self._samples = 0
         self._lock = threading.Lock()
         self._ready = asyncio.Event()
+        self._window: int | None = None
+        self._produced = 0
+        self._played = 0
 
     @property
     def samples(self) -> int:
         return self._samples
 
+    @property
+    def ahead(self) -> int:
+        """Samples computed but not yet reported played (all computed ones, unpaced)."""
+        return self._produced - self._played
+
     def full(self) -> bool:
-        return self._samples >= self._max_samples
+        """The worker must not compute for this utterance now: its queue is full, or its
+        listener has the whole playback window in hand."""
+        if self._samples >= self._max_samples:
+            return True
+        return self._window is not None and self._produced - self._played >= self._window
+
+    def pace(self, window: int, played: int) -> None:
+        """The listener has played ``played`` of the samples put here (a running total,
+        at this queue's rate): compute no more than ``window`` samples beyond it. The first
+        call turns pacing on; a count lower than one already given changes nothing."""
+        with self._lock:
+            was_full = self.full()
+            self._window = window
+            self._played = max(self._played, min(played, self._produced))
+            released = was_full and not self.full()
+        if released:
+            self._on_drain()
 
     def put(self, item: Item) -> None:
         """Called from the worker thread."""
@@ -65,6 +93,7 @@ class AudioQueue:
             self._items.append(item)
             if isinstance(item, np.ndarray):
                 self._samples += item.shape[0]
+                self._produced += item.shape[0]
         try:
             self._loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:

@@ -49,6 +49,12 @@ class EngineOptions:
                   "newcomers wait while it is spent (default: the engine's own; none for Piper)",
                   "range": (1, None)},
     )
+    cosyvoice2_fast_start: bool = field(
+        default=False,
+        metadata={"help": "CosyVoice2: first audio after 13 LM tokens instead of the official schedule's 28-52, "
+                  "by trimming up to ~1 s from the start of the voice prompt given to the flow "
+                  "(less speaker conditioning; the audio is no longer the official model's)"},
+    )
     extra: dict[str, object] = field(default_factory=dict)
     """Engine-specific keyword arguments (tests set CosyVoice2's ``cpu_threads``); not a setting."""
 
@@ -96,7 +102,8 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
         def cosyvoice2() -> Engine:
             from engine.cosyvoice2.engine import CosyVoice2Engine
 
-            extra = {"cpu_threads": options.threads, **options.extra} if options.threads else options.extra
+            extra = {"cpu_threads": options.threads, **options.extra} if options.threads else dict(options.extra)
+            extra.setdefault("fast_start", options.cosyvoice2_fast_start)
             return CosyVoice2Engine(
                 options.model_dir, device=options.device, voices_dir=options.voices_dir, **extra  # type: ignore[arg-type]
             )

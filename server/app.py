@@ -93,6 +93,9 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
                 message, receive = receive.result(), None
                 if message["type"] == "websocket.disconnect":
                     break
+                # Read on while this message is handled: behind a proxy (Ray Serve) a
+                # disconnect reaches the app only through a pending receive().
+                receive = asyncio.ensure_future(ws.receive())
                 data = message.get("text")
                 await session.handle(data if data is not None else message.get("bytes") or b"")
         except (WebSocketDisconnect, RuntimeError):

@@ -2,7 +2,9 @@
 
 One stateful stream per utterance: resample (soxr, keeping its filter state across
 chunks, so chunked output equals whole-signal output), cut into fixed-duration frames,
-and encode. This module is the single place where output formats are defined.
+and encode. This module is the single place where output formats are defined: the PCM
+ones here, the compressed ones (Opus, MP3, AAC, FLAC) in server/codecs.py, which this
+module opens through ``open_encoder``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from typing import Literal, get_args
 import numpy as np
 import soxr
 
-Format = Literal["pcm_s16le", "pcm_f32le", "mulaw"]
+from server.codecs import CODECS, CompressedEncoder
+
+Format = Literal["pcm_s16le", "pcm_f32le", "mulaw", "opus", "mp3", "aac", "flac"]
 FORMATS: tuple[str, ...] = get_args(Format)
+PCM_FORMATS: tuple[str, ...] = ("pcm_s16le", "pcm_f32le", "mulaw")
+assert set(FORMATS) == set(PCM_FORMATS) | set(CODECS)
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
 MIN_CHUNK_MS, MAX_CHUNK_MS = 150, 250
 
@@ -43,6 +49,72 @@ def encode(x: np.ndarray, fmt: str) -> bytes:
     if fmt == "mulaw":
         return mulaw_encode(x).tobytes()
     raise ValueError(f"unknown format {fmt!r}")
+
+
+class FormatError(ValueError):
+    """A format and rate that cannot go together: a stable code and a message for people."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def stream_rate(fmt: str, rate: int) -> int:
+    """The rate a stream of ``fmt`` asked for at ``rate`` is sent at: the same, but for a
+    codec with one rate of its own (Opus: 48 kHz). Raises ``FormatError``."""
+    if fmt in PCM_FORMATS:
+        return rate
+    codec = CODECS.get(fmt)
+    if codec is None:
+        raise FormatError("invalid_format", f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if codec.fixed_rate is not None:
+        return codec.fixed_rate
+    if codec.rates is not None and rate not in codec.rates:
+        rates = ", ".join(map(str, codec.rates))
+        raise FormatError("unsupported_sample_rate", f"{fmt} cannot be encoded at {rate} Hz; it takes {rates}")
+    return rate
+
+
+def describe(fmt: str) -> dict[str, str]:
+    """The container and codec of a format, as ``started`` tells a client."""
+    codec = CODECS.get(fmt)
+    if codec is None:
+        return {"container": "raw", "codec": fmt}
+    return {"container": codec.container, "codec": codec.codec}
+
+
+def content_type(fmt: str) -> str:
+    codec = CODECS.get(fmt)
+    return codec.content_type if codec is not None else "application/octet-stream"
+
+
+class Encoder:
+    """One utterance's encoder: frames in, bytes out; ``finish`` ends the stream."""
+
+    def push(self, x: np.ndarray) -> bytes:
+        raise NotImplementedError
+
+    def finish(self) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+class PcmEncoder(Encoder):
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+
+    def push(self, x: np.ndarray) -> bytes:
+        return encode(x, self.fmt)
+
+
+def open_encoder(fmt: str, rate: int) -> Encoder | CompressedEncoder:
+    """The encoder for a stream of ``fmt`` at ``rate`` (as ``stream_rate`` gives it)."""
+    if fmt in PCM_FORMATS:
+        return PcmEncoder(fmt)
+    return CompressedEncoder(fmt, rate)
 
 
 class Rechunker:

@@ -79,3 +79,12 @@ class ServerConfig:
     drain_seconds: float = setting(
         10.0, "on SIGTERM, seconds in-flight utterances get before sockets close (1001)", range=(0, None)
     )
+    # Wyoming (Home Assistant's protocol) has no authentication: see server/wyoming.py.
+    wyoming_port: int | None = setting(
+        None, "also serve the Wyoming protocol (Home Assistant) on this TCP port, 10200 by convention; "
+        "0: any free port", range=(0, 65535),
+    )
+    wyoming_allow_unauthenticated: bool = setting(
+        False, "with API keys set, let the Wyoming port listen on --host anyway (Wyoming has no authentication; "
+        "without this it listens on 127.0.0.1 only)",
+    )

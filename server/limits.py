@@ -32,6 +32,10 @@ class Limits:
     max_queue_seconds: float = _limit(
         5.0, "audio computed ahead of a slow reader before its utterance is skipped", low=0.5
     )
+    flow_window_seconds: float = _limit(
+        3.0, "for a client that reports playback progress: audio computed beyond what it has played "
+        "before its utterance is held", low=0.5,
+    )
     max_session_chars: int = _limit(1_000_000, "text per connection over its whole life")
     messages_per_second: float = _limit(
         100.0, "client messages per second per connection (token bucket rate)", low=0.1

@@ -1,8 +1,10 @@
 """``POST /v1/audio/speech``, as OpenAI's API has it, streamed chunk by chunk.
 
 For code that already calls ``client.audio.speech`` of the OpenAI SDK: point its
-``base_url`` at Voxwire. Formats: ``pcm`` (raw 16-bit little-endian mono at 24 kHz, as
-OpenAI sends it) and ``wav`` (the same with a streaming header). OpenAI's voice names
+``base_url`` at Voxwire. Formats, as OpenAI names them: ``mp3`` (the default, as at
+OpenAI), ``opus`` (Ogg Opus, 48 kHz), ``aac`` (ADTS), ``flac``, ``wav`` (16-bit with a
+streaming header) and ``pcm`` (raw 16-bit little-endian mono at 24 kHz, as OpenAI sends
+it); each is streamed as it is encoded (server/audio.py). OpenAI's voice names
 ("alloy", ...) speak with the server's default voice; Voxwire's own voice ids work too,
 as a string or as OpenAI's voice object ``{"id": ...}``. ``model`` and ``instructions``
 are accepted and ignored: the loaded engine speaks. Optional fields may be null.
@@ -25,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.base import Engine, EngineError
+from server.audio import content_type
 from server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, UtteranceRequest
 from server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
 
@@ -34,7 +37,17 @@ DOOR = "http"
 RATE = 24000
 CHUNK_MS = 200
 MAX_INPUT_CHARS = 4096  # OpenAI's own limit
-FORMATS = {"pcm": "audio/pcm", "wav": "audio/wav"}
+# response_format -> (the stream's format, the Content-Type). OpenAI's own types for its
+# formats, but Ogg's for opus: the body is an Ogg file, which is what players look for.
+FORMATS = {
+    "mp3": ("mp3", content_type("mp3")),
+    "opus": ("opus", content_type("opus")),
+    "aac": ("aac", content_type("aac")),
+    "flac": ("flac", content_type("flac")),
+    "wav": ("pcm_s16le", "audio/wav"),
+    "pcm": ("pcm_s16le", "audio/pcm"),
+}
+DEFAULT_FORMAT = "mp3"  # OpenAI's default
 # OpenAI's built-in voices, as its API reference lists them. Code written for OpenAI names
 # one of these, so they speak with the default voice rather than fail.
 OPENAI_VOICES = frozenset("alloy ash ballad coral echo fable nova onyx sage shimmer verse marin cedar".split())
@@ -115,7 +128,7 @@ def speed_of(value: object) -> float:
 def response_format(value: object) -> str:
     if not isinstance(value, str) or value not in FORMATS:
         raise Invalid(
-            f"response_format must be {' or '.join(FORMATS)}; this server does not encode mp3, opus, aac or flac",
+            f"response_format must be one of {', '.join(FORMATS)}",
             "invalid_format", "response_format",
         )
     return value
@@ -141,7 +154,7 @@ def parse_request(body: object) -> OpenAIRequest:
     voice = voice_id(body.get("voice"))
     if len(text) > MAX_INPUT_CHARS:
         raise Invalid(f"'input' is limited to {MAX_INPUT_CHARS} characters", "text_too_long", "input")
-    fmt = response_format(optional(body, "response_format", "wav"))
+    fmt = response_format(optional(body, "response_format", DEFAULT_FORMAT))
     check_stream_format(optional(body, "stream_format", "audio"))
     # Taken and ignored, as OpenAI itself does for tts-1: the engines here have no
     # instruction-following model. A wrong type is still a client's mistake to hear about.
@@ -198,7 +211,8 @@ async def speech(request: Request, pipeline: Pipeline, default_voice: str) -> Re
     except EngineError as e:
         pipeline.refused(DOOR, e.code, ids, "", "")
         return openai_error(503, e.message, e.code)
-    settings = StreamSettings(voice=voice, format="pcm_s16le", sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed)
+    stream_format, media_type = FORMATS[asked.fmt]
+    settings = StreamSettings(voice=voice, format=stream_format, sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed)
     try:
         speech = pipeline.open(UtteranceRequest(DOOR, asked.text, True, settings, ids))
     except Refused as e:
@@ -210,7 +224,8 @@ async def speech(request: Request, pipeline: Pipeline, default_voice: str) -> Re
             yield wav_header(RATE)
         async for event in speech.events():
             if isinstance(event, AudioFrame):
-                yield event.data
+                if event.data:  # a codec may hold a whole chunk back (less than one frame)
+                    yield event.data
             elif isinstance(event, Done):
                 speech.end("done")
             elif isinstance(event, FailedEvent):
@@ -222,7 +237,7 @@ async def speech(request: Request, pipeline: Pipeline, default_voice: str) -> Re
     headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}
     # However the response ends before done (the client went away, the server stops),
     # the utterance ends as disconnected: end() counts only its first call.
-    return _Stream(body(), media_type=FORMATS[asked.fmt], headers=headers, on_close=lambda: speech.end("disconnected"))
+    return _Stream(body(), media_type=media_type, headers=headers, on_close=lambda: speech.end("disconnected"))
 
 
 class StreamFailed(Exception):

@@ -27,7 +27,7 @@ from engine.base import Engine, EngineError, SynthesisParams, WordTiming, WordTi
 from engine.text import normalize
 from engine.worker import Utterance, Worker
 from server.accounting import Accounting
-from server.audio import OutputStream, encode
+from server.audio import FormatError, OutputStream, open_encoder, stream_rate
 from server.cache import CacheKey, CachedAudio, Replay, ResultCache
 from server.limits import Admission
 from server.protocol import StreamSettings
@@ -55,7 +55,8 @@ class AudioFrame:
     """Index of the frame's first sample within the utterance, at the stream's rate."""
     samples: int
     data: bytes
-    """The samples in the stream's format."""
+    """The samples in the stream's format; for a compressed one, the bytes its encoder
+    let go of with these samples (the frames, concatenated, are one stream)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class Figures:
     engine_steps: int
     engine_steps_at_first_chunk: int | None
     cached: bool
+    bytes: int
+    """Audio bytes sent: what the format costs on the wire."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -118,9 +121,11 @@ class FrameStream:
         self.settings = settings
         self._engine_rate = engine_rate
         self._out = OutputStream(engine_rate, settings.sample_rate, settings.chunk_ms)
+        self._encoder = open_encoder(settings.format, settings.sample_rate)
         self._words: deque[WordTiming] = deque()
         self.frames = 0
         self.samples = 0
+        self.bytes = 0
         self.finished = False
         self._capture: list[np.ndarray] | None = [] if capture_bytes > 0 else None
         self._capture_bytes = capture_bytes
@@ -142,9 +147,15 @@ class FrameStream:
             return [*self._frames(self._out.flush()), FlushedEvent()]
         if isinstance(item, Finished):
             self.finished = True
-            events = self._frames(self._out.finish())
+            events = self._frames(self._out.finish(), last=True)
             return events + self._words_before(None)
+        self._encoder.close()
         return [FailedEvent(item.code, item.message)]
+
+    def close(self) -> None:
+        """The utterance ended without finishing (cancelled, disconnected): the encoder's
+        held samples are dropped; what was sent is whole frames, and stays decodable."""
+        self._encoder.close()
 
     def captured(self, segments: int) -> CachedAudio | None:
         """What the cache may keep of a finished utterance: its engine audio, and its
@@ -162,13 +173,23 @@ class FrameStream:
         if self._captured_bytes > self._capture_bytes:
             self._capture = None  # too long to cache: stop holding it
 
-    def _frames(self, frames: list[np.ndarray]) -> list[Event]:
+    def _frames(self, frames: list[np.ndarray], last: bool = False) -> list[Event]:
+        """Frames encoded; with ``last``, the encoder's end goes with the last of them
+        (or alone, covering no samples, when the utterance ends on a frame boundary)."""
         events: list[Event] = []
-        for frame in frames:
+        if last and not frames:
+            frames = [np.zeros(0, np.float32)]
+        for i, frame in enumerate(frames):
+            data = self._encoder.push(frame)
+            if last and i == len(frames) - 1:
+                data += self._encoder.finish()
+                if not frame.size and not data:
+                    break  # nothing held back (PCM): no empty frame
             events += self._words_before(self.samples + frame.size)
-            events.append(AudioFrame(self.frames, self.samples, frame.size, encode(frame, self.settings.format)))
+            events.append(AudioFrame(self.frames, self.samples, frame.size, data))
             self.frames += 1
             self.samples += frame.size
+            self.bytes += len(data)
         return events
 
     def _words_before(self, end: int | None) -> list[Event]:
@@ -227,6 +248,7 @@ class Speech:
         self._text = [request.text]
         capture = pipeline.cache.max_entry_bytes if key is not None and cached is None else 0
         self.stream = FrameStream(engine_rate, request.settings, capture)
+        self._engine_rate = engine_rate
         self._steps_at_first_frame: int | None = None
 
     # -- the door's side ------------------------------------------------------------------
@@ -282,6 +304,7 @@ class Speech:
             engine_steps=source.steps,
             engine_steps_at_first_chunk=self._steps_at_first_frame,
             cached=self.cached,
+            bytes=self.stream.bytes,
         )
 
     def abort(self, code: str, message: str) -> None:
@@ -292,6 +315,16 @@ class Speech:
         self._source.cancel()
         self._source.queue.clear()
         self._source.queue.put(Failed(code, message))
+
+    def played(self, samples: int, window_seconds: float) -> None:
+        """The client has played ``samples`` of this utterance (at the stream's rate):
+        compute at most ``window_seconds`` of audio beyond that. A cached replay computes
+        nothing, so there is nothing to hold."""
+        if isinstance(self._source, Replay):
+            return
+        rate = self._engine_rate
+        played = min(samples, self.stream.samples) * rate // self.settings.sample_rate
+        self._source.queue.pace(round(window_seconds * rate), played)
 
     def drop_queued(self) -> None:
         """A barge-in: the audio queued for the client goes, now."""
@@ -307,6 +340,7 @@ class Speech:
         self._pipeline.open_speeches.discard(self)
         if self._source.outcome is None:
             self._source.cancel()
+        self.stream.close()
         self._pipeline.admission.end_utterance()
         if outcome == "done" and self._key is not None and self._cached is None:
             entry = self.stream.captured(self._source.segments)
@@ -368,6 +402,11 @@ class Pipeline:
             engine = self._worker().loaded_engine()
         except EngineError as e:
             raise Refused(e.code, e.message, RETRY_AFTER_MS) from None
+        try:
+            # Opus is sent at its own rate; MP3 and AAC take only their standard rates.
+            settings = replace(settings, sample_rate=stream_rate(settings.format, settings.sample_rate))
+        except FormatError as e:
+            raise Refused(e.code, e.message) from None
         if settings.timestamps and not engine.timestamps:
             raise Refused(
                 "timestamps_unsupported",

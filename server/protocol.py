@@ -71,7 +71,17 @@ class Cancel:
     ctx: str
 
 
-Message = Configure | Speak | Flush | Cancel
+@dataclass(frozen=True)
+class Progress:
+    """The client has played ``played`` samples of ``ctx`` (a running total)."""
+
+    ctx: str
+    played: int
+
+
+MAX_PLAYED = 2**53  # any exact integer JSON carries; far beyond any utterance
+
+Message = Configure | Speak | Flush | Cancel | Progress
 
 
 def parse(data: str | bytes) -> Message:
@@ -105,6 +115,14 @@ def parse(data: str | bytes) -> Message:
         if kind == "cancel":
             _only(obj, {"type", "ctx"})
             return Cancel(ctx=_ctx(obj, required=True))
+        if kind == "progress":
+            _only(obj, {"type", "ctx", "played"})
+            played = obj.get("played")
+            if played is None:
+                raise ProtocolError("missing_field", "a 'progress' message needs \"played\"")
+            if type(played) is not int or not 0 <= played <= MAX_PLAYED:
+                raise ProtocolError("invalid_field", "\"played\" must be a whole number of samples, 0 or more")
+            return Progress(ctx=_ctx(obj, required=True), played=played)
     except ProtocolError as e:
         e.ctx = e.ctx or ctx
         raise

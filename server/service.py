@@ -21,6 +21,7 @@ from server.limits import WORKER_INDEX_ENV, Admission, admission_for_process
 from server.metrics import Metrics, Snapshot
 from server.pipeline import Pipeline
 from server.protocol import StreamSettings
+from server.wyoming import WyomingServer, bind
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class Service:
         self.draining = False
         self.connections: dict[object, Shutdown] = {}
         self._refresher: asyncio.Task[None] | None = None
+        self.wyoming: WyomingServer | None = None
+        """The Wyoming door's listener (--wyoming-port), bound by ``load``."""
 
     @property
     def worker(self) -> Worker:
@@ -104,6 +107,11 @@ class Service:
             self.supervisor.stop()
             known = ", ".join(v.id for v in voices) or "none yet"
             raise StartupError(f"--voice {voice!r} is not a voice of the {engine.name} engine (its voices: {known})")
+        try:
+            self.wyoming = bind(self)
+        except OSError as e:
+            self.supervisor.stop()
+            raise StartupError(f"cannot listen for Wyoming on port {self.config.wyoming_port}: {e.strerror}") from None
         self.defaults = StreamSettings(
             voice=voice or "",  # "": the engine's default voice, as it is when a request comes
             format=self.config.default_format,
@@ -115,6 +123,8 @@ class Service:
     async def start(self) -> None:
         self.metrics.bind_loop(asyncio.get_running_loop())
         await asyncio.to_thread(self.load)
+        if self.wyoming is not None:
+            await self.wyoming.start()
         if self.metrics.multiprocess:  # alone, a process refreshes its gauges at each scrape
             self._refresher = asyncio.create_task(self.metrics.refresh_every(), name="metrics-refresh")
 
@@ -122,6 +132,8 @@ class Service:
         self.draining = True
         if self._refresher is not None:
             self._refresher.cancel()
+        if self.wyoming is not None:
+            self.wyoming.close()
         self.supervisor.stop()
 
     def ready(self) -> bool:

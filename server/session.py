@@ -18,9 +18,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from server import protocol
+from server.audio import describe
 from server.limits import Limits, TokenBucket
 from server.pipeline import AudioFrame, Done, FailedEvent, FlushedEvent, Pipeline, Refused, Speech, UtteranceRequest, Words
-from server.protocol import Cancel, Configure, Flush, ProtocolError, Speak, StreamSettings
+from server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class Session:
                 await self._flush(message.ctx)
             elif isinstance(message, Cancel):
                 await self._cancel(message.ctx)
+            elif isinstance(message, Progress):
+                self._progress(message)
         except ProtocolError as e:
             # "terminal": the utterance this error names is not (or no longer) alive.
             terminal = {"terminal": e.ctx not in self._live} if e.ctx is not None else {}
@@ -148,7 +151,9 @@ class Session:
             raise _protocol_error(e, ctx) from None
         self._session_chars += len(message.text)
         voicing = self._live[ctx] = Voicing(ctx, speech, last_text_at=time.monotonic())
-        await self._send(protocol.event("started", ctx=ctx, **speech.settings.to_dict()))
+        # The container and codec, so a client knows how to read the frames' bytes.
+        started = {**speech.settings.to_dict(), **describe(speech.settings.format)}
+        await self._send(protocol.event("started", ctx=ctx, **started))
         voicing.task = asyncio.create_task(self._stream(voicing), name=f"utterance-{ctx}")
 
     async def _continue(self, voicing: Voicing, message: Speak) -> None:
@@ -200,6 +205,15 @@ class Session:
         await self._stop(voicing, "cancelled")
         stream = voicing.speech.stream
         await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=stream.samples, frames=stream.frames))
+
+    def _progress(self, message: Progress) -> None:
+        """Playback progress: from now on this utterance is computed at most the flow
+        window ahead of what the client has played (docs/protocol.md, flow control)."""
+        voicing = self._live.get(message.ctx)
+        # Not active: a player reporting the tail of an ended utterance, or one refused
+        # while its first report was on the way. Progress is advice, so it is no error.
+        if voicing is not None:
+            voicing.speech.played(message.played, self.limits.flow_window_seconds)
 
     def _shown(self, settings: StreamSettings) -> dict[str, object]:
         """Settings as a client is told them: the default voice by its current name

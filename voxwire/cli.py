@@ -12,7 +12,8 @@ import sys
 COMMANDS = {
     "serve": "run the streaming TTS server (see: voxwire serve --help)",
     "say": "speak text through a server to a WAV file (see: voxwire say --help)",
-    "bench": "measure latency, underruns and capacity (see: voxwire bench --help)",
+    "bench": "measure any TTS server's first audio: Voxwire, OpenAI-compatible, Wyoming, Piper HTTP "
+             "(see: voxwire bench --help)",
 }
 
 

@@ -124,6 +124,7 @@ export class Player extends Emitter {
     u.on('audio', onAudio).on('done', onEnd).on('cancel', onCancel).on('error', onError);
     entry.detach = () => u.off('audio', onAudio).off('done', onEnd).off('cancel', onCancel).off('error', onError);
     this._queue.push(entry);
+    u.played?.(0); // flow control from the first step: nothing is played yet
     if (this._queue.length === 1) this._goLive(entry);
     this.start().catch((err) => this._failAll(err));
     return entry.finished;
@@ -183,6 +184,10 @@ export class Player extends Emitter {
     if (type === 'begun') {
       const entry = head?.id === id ? head : this._dropped.get(id);
       if (entry) entry.base = stats;
+    }
+    if (head?.live && head.base && head.u.sampleRate) {
+      // Tell the server what has played, at the stream's rate (this counts the context's).
+      head.u.played?.(Math.floor(((stats.played - head.base.played) * head.u.sampleRate) / rate));
     }
     if (head?.live && head.base && head.firstSoundAt === null && stats.played > head.base.played) {
       head.firstSoundAt = now();

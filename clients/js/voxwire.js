@@ -4,6 +4,7 @@
 
 import { Emitter } from './emitter.js';
 import { decode } from './msgpack.js';
+import { OpusStreamDecoder, canDecodeOpus } from './opus.js';
 import { toFloat32 } from './pcm.js';
 
 const now = () => globalThis.performance?.now() ?? Date.now();
@@ -40,6 +41,19 @@ export function defaultUrl() {
   const loc = globalThis.location;
   if (!loc?.host) throw new Error('no page location to derive the server URL from: pass one');
   return `${loc.protocol === 'https:' ? 'wss' : 'ws'}://${loc.host}/v1/stream`;
+}
+
+// What this client can play as it arrives: PCM, and Opus where the browser decodes it
+// (WebCodecs). Opus elsewhere falls back to 16-bit PCM; mp3, aac and flac are for files
+// (the OpenAI route, `voxwire say`), not for this player.
+export const PLAYABLE_FORMATS = ['pcm_s16le', 'pcm_f32le', 'mulaw', 'opus'];
+
+function playable(settings) {
+  const { format } = settings;
+  if (format === undefined || PLAYABLE_FORMATS.includes(format)) {
+    return format === 'opus' && !canDecodeOpus() ? { ...settings, format: 'pcm_s16le' } : settings;
+  }
+  throw new TypeError(`format "${format}" cannot be played as it streams: use one of ${PLAYABLE_FORMATS.join(', ')}`);
 }
 
 function wireSettings(settings = {}) {
@@ -144,7 +158,7 @@ export class Voxwire extends Emitter {
   }
 
   _open(settings) {
-    const u = new Utterance(this, `js-${++this._next}`, { ...this.defaults, ...wireSettings(settings) });
+    const u = new Utterance(this, `js-${++this._next}`, playable({ ...this.defaults, ...wireSettings(settings) }));
     this._live.set(u.ctx, u);
     this.connect();
     return u;
@@ -238,6 +252,9 @@ export class Utterance extends Emitter {
     this.times = { created: now(), started: null, firstAudio: null, end: null };
     this._settings = settings;
     this._complete = false;
+    this._opus = null; // the Opus decoder, for format "opus"
+    this._seq = 0;
+    this._reported = -1; // the last `played` sent (flow control): none yet
     this.finished = new Promise((resolve, reject) => { this._resolve = resolve; this._reject = reject; });
     this.finished.catch(() => {}); // rejection is for those who await it, not a global warning
   }
@@ -267,6 +284,20 @@ export class Utterance extends Emitter {
   }
 
   /**
+   * Flow control: `samples` of this utterance (at its sampleRate) have been played so far.
+   * The server then computes at most its window (ready.limits.flow_window_seconds) ahead
+   * of that, however much a proxy in between would buffer. Player calls it as it plays;
+   * reports closer than ~100 ms of audio apart are coalesced.
+   */
+  played(samples) {
+    const step = (this.sampleRate ?? 0) / 10;
+    if (!this.active || samples <= this._reported || (this._reported >= 0 && samples - this._reported < step)) return this;
+    this._reported = samples;
+    this._send({ type: 'progress', ctx: this.ctx, played: samples });
+    return this;
+  }
+
+  /**
    * Barge-in: stop now. No 'audio' event follows, even for frames already on their way.
    * A 'cancel' event is emitted even when the server had already finished, so that a
    * player still playing this utterance drops the rest of it.
@@ -275,6 +306,7 @@ export class Utterance extends Emitter {
     if (this.active) {
       this._send({ type: 'cancel', ctx: this.ctx });
       this.client._forget(this); // late frames and the server's `cancelled` are dropped
+      this._opus?.close();
       const m = { type: 'cancelled', ctx: this.ctx, samples_received: this.samples };
       this._settle('cancelled', m);
       this.emit('cancelled', m);
@@ -295,6 +327,8 @@ export class Utterance extends Emitter {
     switch (m.type) {
       case 'started':
         this.started = m;
+        // Opus frames are Ogg pages: decoded by the browser, given out as PCM.
+        if (m.format === 'opus') this._opus = new OpusStreamDecoder((x) => this._audio(x, now()));
         this.state = 'streaming';
         this.times.started = now();
         this.emit('started', m);
@@ -303,10 +337,18 @@ export class Utterance extends Emitter {
         if (!this.started) return; // the server always sends `started` first
         const t = now();
         if (this.times.firstAudio === null) this.times.firstAudio = t;
-        const samples = toFloat32(m.audio, this.started.format);
         this.chunks++;
-        this.samples += samples.length;
-        this.emit('audio', { samples, sampleRate: this.started.sample_rate, seq: m.seq, offset: m.offset, receivedAt: t });
+        if (this._opus) {
+          try {
+            this._opus.push(m.audio, m.samples);
+          } catch (e) {
+            this._opus.close();
+            this._send({ type: 'cancel', ctx: this.ctx }); // nothing more of it can be played
+            this._fail(new VoxwireError('undecodable_audio', e.message, { ctx: this.ctx, terminal: true }));
+          }
+        } else {
+          this._audio(toFloat32(m.audio, this.started.format), t);
+        }
         break;
       }
       case 'flushed':
@@ -319,10 +361,22 @@ export class Utterance extends Emitter {
       case 'done':
         this.figures = m;
         this.client._forget(this);
+        if (this._opus) {
+          // 'done' follows the last decoded samples, as it follows the last PCM frame.
+          const opus = this._opus;
+          opus.flush().catch(() => {}).then(() => {
+            opus.close();
+            if (!this.active) return; // cancelled meanwhile
+            this._settle('done', m);
+            this.emit('done', m);
+          });
+          break;
+        }
         this._settle('done', m);
         this.emit('done', m);
         break;
       case 'cancelled': // cancelled by someone else's call on this ctx; ours settled already
+        this._opus?.close();
         this.client._forget(this);
         this._settle('cancelled', m);
         this.emit('cancelled', m);
@@ -338,8 +392,17 @@ export class Utterance extends Emitter {
     }
   }
 
+  // Samples at the stream's rate, in order: from PCM frames, or from the Opus decoder.
+  _audio(samples, receivedAt) {
+    if (!this.active) return;
+    const offset = this.samples;
+    this.samples += samples.length;
+    this.emit('audio', { samples, sampleRate: this.started.sample_rate, seq: this._seq++, offset, receivedAt });
+  }
+
   _fail(err) {
     if (!this.active) return;
+    this._opus?.close();
     this.error = err;
     this.client._forget(this);
     this._settle('error', null, err);

@@ -11,12 +11,15 @@ class TimeCache:
 
     Chunk-causal attention only ever appends: a finished chunk's keys and values
     never change. Capacity doubles when full, so an utterance of n frames copies
-    O(n) in total instead of O(n^2) for a concatenation per chunk.
+    O(n) in total instead of O(n^2) for a concatenation per chunk. ``limit``, when the
+    caller knows the most it will hold, caps the doubling there, so the cache never
+    holds more than that bound (the memory a stream declares for admission).
     """
 
-    def __init__(self, dim: int = 2, reserve: int = 0) -> None:
+    def __init__(self, dim: int = 2, reserve: int = 0, limit: int | None = None) -> None:
         self.dim = dim
         self.reserve = reserve
+        self.limit = limit
         self.buf: Tensor | None = None
         self.length = 0
 
@@ -26,6 +29,8 @@ class TimeCache:
         need = self.length + n
         if self.buf is None or self.buf.shape[self.dim] < need:
             cap = max(need, self.reserve, 2 * (0 if self.buf is None else self.buf.shape[self.dim]))
+            if self.limit is not None:
+                cap = max(need, min(cap, self.limit))
             shape = list(x.shape)
             shape[self.dim] = cap
             grown = torch.empty(shape, dtype=x.dtype, device=x.device)

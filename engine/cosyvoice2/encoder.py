@@ -184,14 +184,25 @@ class UpsampleConformerEncoder(nn.Module):
         self.up_encoders = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.num_up_blocks))
         self.after_norm = nn.LayerNorm(d, eps=1e-5)
 
-    def new_state(self, batch: int, device: torch.device, dtype: torch.dtype, reserve_tokens: int = 0) -> EncoderState:
+    def new_state(
+        self, batch: int, device: torch.device, dtype: torch.dtype, reserve_tokens: int = 0, limit_tokens: int | None = None
+    ) -> EncoderState:
         d, s = self.cfg.output_size, self.cfg.upsample_stride
+        lim, up_lim = limit_tokens, None if limit_tokens is None else limit_tokens * s
         return EncoderState(
-            kv=[(TimeCache(reserve=reserve_tokens), TimeCache(reserve=reserve_tokens)) for _ in self.encoders],
-            up_kv=[(TimeCache(reserve=reserve_tokens * s), TimeCache(reserve=reserve_tokens * s)) for _ in self.up_encoders],
+            kv=[(TimeCache(reserve=reserve_tokens, limit=lim), TimeCache(reserve=reserve_tokens, limit=lim)) for _ in self.encoders],
+            up_kv=[
+                (TimeCache(reserve=reserve_tokens * s, limit=up_lim), TimeCache(reserve=reserve_tokens * s, limit=up_lim))
+                for _ in self.up_encoders
+            ],
             lookahead_tail=torch.zeros(batch, d, 2, device=device, dtype=dtype),
             up_tail=torch.zeros(batch, d, 2 * s, device=device, dtype=dtype),
         )
+
+    def cache_bytes_per_token(self, itemsize: int) -> int:
+        """Attention keys and values per token: the token-rate layers' and the up-sampled ones'."""
+        c = self.cfg
+        return 2 * c.output_size * itemsize * (c.num_blocks + c.num_up_blocks * c.upsample_stride)
 
     def forward_chunk(self, xs: Tensor, ahead: Tensor, state: EncoderState, streaming: bool = True) -> Tensor:
         """Encode token positions [state.done, state.done + n) -> (B, n*stride, D) frames.

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..base import Engine, EngineError, Registered, SynthesisParams, Voice
+from ..base import Engine, EngineError, Registered, Step, Stream, SynthesisParams, Voice
 from ..threads import configure_cpu_threads
+from .batch import Batcher, CosyStream
 from .frontend import Frontend, Prompt
 from .model_config import ConfigError
-from .pipeline import Stats, synthesize_ids
+from .pipeline import Stats
 from .text import normalize_text, split_ids
 from .tokenizer import load_tokenizer
 from .voices import StoredVoice, VoiceStore, content_id
@@ -33,6 +34,28 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+# Batch limits. A step's cost is in tokens (CosyStream.cost): 1 per decoding stream, +25
+# when its flow chunk is due, and a prefill plus the prompt's flow chunks (a few hundred)
+# per newcomer. On the CPU the flow dominates and is not batched, so the budget lets
+# about one newcomer start per step, and those already speaking keep their pace; on
+# CUDA a few dozen newcomers may start together.
+CUDA_MAX_BATCH, CPU_MAX_BATCH = 64, 16
+CUDA_STEP_BUDGET, CPU_STEP_BUDGET = 8192, 256
+MEMORY_HEADROOM = 0.8  # of the device memory free after loading: activations need the rest
+
+
+def batch_limits(device: torch.device, max_batch: int | None, memory_budget: int | None) -> tuple[int, int, int | None]:
+    """(max_batch, step_budget, memory_budget). On CUDA the memory budget is a share of
+    what is free once the weights are loaded; on the CPU there is none (None): host
+    memory is not what bounds CPU throughput, the cores are."""
+    if device.type == "cuda":
+        if memory_budget is None:
+            free, _ = torch.cuda.mem_get_info(device)
+            memory_budget = int(MEMORY_HEADROOM * free)
+        return max_batch or CUDA_MAX_BATCH, CUDA_STEP_BUDGET, memory_budget
+    return max_batch or CPU_MAX_BATCH, CPU_STEP_BUDGET, memory_budget
+
+
 class CosyVoice2Engine(Engine):
     name = "cosyvoice2"
     sample_rate = 24000
@@ -46,12 +69,22 @@ class CosyVoice2Engine(Engine):
         voices_dir: Path | None = None,
         *,
         first_chunk_tokens: int = 10,
+        fast_start: bool = False,
+        vocoder_seams: str = "official",
         seed: int | None = None,
         cpu_threads: int | None = None,
+        max_batch: int | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         """``cpu_threads`` sets torch's (process-wide) intra-op threads (engine/threads.py);
         1 is much faster for the tiny test model on a loaded machine, where threads contend.
-        Without it torch keeps its own count."""
+        Without it torch keeps its own count.
+
+        ``fast_start`` trades the official streaming schedule for a sooner first chunk
+        (after ``first_chunk_tokens`` + 3 LM tokens) by trimming up to 24 tokens from the
+        start of the flow prompt: less speaker conditioning, mel no longer the official one
+        (see pipeline.py). ``first_chunk_tokens`` only matters with it. ``vocoder_seams``:
+        "official" (the pinned reference's) or "project" (see hift.make_vocoder)."""
         model_dir = Path(model_dir)
         if cpu_threads is not None:
             configure_cpu_threads(cpu_threads)
@@ -80,6 +113,11 @@ class CosyVoice2Engine(Engine):
         self.sample_rate = self.models.cfg.sample_rate
         self.first_chunk_tokens = first_chunk_tokens
         self.stats = Stats()
+        self.fast_start = fast_start
+        if vocoder_seams not in ("official", "project"):
+            raise ValueError(f"vocoder_seams must be official or project, not {vocoder_seams!r}")
+        self.batcher = Batcher(self.models, self.stats, first_chunk_tokens, fast_start, vocoder_seams)
+        self.max_batch, self.step_budget, self.memory_budget = batch_limits(dev, max_batch, memory_budget)
         self.store = VoiceStore(voices_dir)
         self._seed = seed if seed is not None else secrets.randbits(62)
         self._utterance = 0
@@ -130,7 +168,8 @@ class CosyVoice2Engine(Engine):
 
     # ------------------------------------------------------------------ synthesis
 
-    def synthesize(self, text: str, params: SynthesisParams) -> Iterator[np.ndarray]:
+    def open(self, text: str, params: SynthesisParams) -> CosyStream:
+        """Check the request and tokenise its text; no model work (that is ``step``'s)."""
         stored = self.store.get(params.voice)
         if stored is None:
             raise EngineError("unknown_voice", f"no CosyVoice2 voice {params.voice!r}; register one first")
@@ -139,26 +178,15 @@ class CosyVoice2Engine(Engine):
         if len(text) > MAX_TEXT_CHARS:
             raise EngineError("text_too_long", f"text is {len(text)} characters; at most {MAX_TEXT_CHARS}")
         ids = self.tokenizer.encode(normalize_text(text))
-        self._utterance += 1
+        self._utterance += 1  # the seed follows the order of arrival
         seed = (self._seed + self._utterance) % (1 << 63)
-        return self._stream(stored.prompt, ids, params.speed, seed)
+        return self._open(stored.prompt, ids, params.speed, seed)
 
-    def _stream(self, prompt: Prompt, ids: list[int], speed: float, seed: int, **lm_bounds: int) -> Iterator[np.ndarray]:
-        self.stats.utterances_started += 1
-        finished = False
-        try:
-            generator = torch.Generator(device=self.models.flow.input_embedding.weight.device).manual_seed(seed)
-            for piece in split_ids(ids, self._boundaries, MAX_SEGMENT_TOKENS):
-                yield from synthesize_ids(
-                    self.models, prompt, piece, stats=self.stats, first_chunk_tokens=self.first_chunk_tokens,
-                    speed=speed, generator=generator, **lm_bounds,
-                )  # fmt: skip
-            finished = True
-        finally:
-            if finished:
-                self.stats.utterances_finished += 1
-            else:
-                self.stats.utterances_closed += 1
+    def _open(self, prompt: Prompt, ids: list[int], speed: float, seed: int, **lm_bounds: int) -> CosyStream:
+        return self.batcher.open(prompt, split_ids(ids, self._boundaries, MAX_SEGMENT_TOKENS), speed, seed, **lm_bounds)
+
+    def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
+        return self.batcher.step(streams)  # type: ignore[arg-type]
 
     def warmup(self) -> None:
         voices = self.store.all()
@@ -172,10 +200,11 @@ class CosyVoice2Engine(Engine):
                 mel=np.full((2 * n, self.models.cfg.flow.output_size), -5.0, dtype=np.float32),
                 embedding=np.ones(self.models.cfg.flow.spk_embed_dim, dtype=np.float32),
             )
-        for _ in self._stream(prompt, self.tokenizer.encode("Warm up."), 1.0, 0, min_tokens=30, max_tokens=30):
+        ids = self.tokenizer.encode("Warm up.")
+        for _ in self._stepped_alone(self._open(prompt, ids, 1.0, 0, min_tokens=30, max_tokens=30)):
             pass
 
     def close(self) -> None:
-        self.models = None  # type: ignore[assignment]
+        self.models = self.batcher = None  # type: ignore[assignment]  # the KV slot pool with them
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -25,17 +25,27 @@ from .model_config import ConfigError, EstimatorConfig
 class StepState:
     """Left context for one Euler step: conv tails and attention caches, keyed by slot."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit_frames: int | None = None) -> None:
         self.tails: dict[int, Tensor] = {}
         self.kv: dict[int, tuple[TimeCache, TimeCache]] = {}
+        self.limit = limit_frames
 
     def cache(self, slot: int) -> tuple[TimeCache, TimeCache]:
         if slot not in self.kv:
-            self.kv[slot] = (TimeCache(), TimeCache())
+            self.kv[slot] = (TimeCache(limit=self.limit), TimeCache(limit=self.limit))
         return self.kv[slot]
 
     def nbytes(self) -> int:
         return sum(k.nbytes() + v.nbytes() for k, v in self.kv.values())
+
+
+def cache_bytes_per_frame(cfg: EstimatorConfig, n_timesteps: int, itemsize: int) -> int:
+    """The attention caches one stream keeps per mel frame: every Euler step has its own
+    keys and values in every transformer block, for both halves of the CFG batch. At
+    full size (10 steps x 56 blocks x (k, v) x 2 x 512 channels) this is 2.29 MB per
+    frame in bf16: 115 MB per second of prompt and speech (50 frames a second)."""
+    blocks = cfg.n_blocks * (2 + cfg.num_mid_blocks)  # down, mid..., up
+    return n_timesteps * blocks * 2 * 2 * cfg.num_heads * cfg.attention_head_dim * itemsize
 
 
 class CausalConv1d(nn.Conv1d):

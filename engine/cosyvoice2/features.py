@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torchaudio
@@ -11,13 +12,36 @@ from torch import Tensor
 from .model_config import MelConfig
 
 
+def _hz_to_mel(hz: Tensor) -> Tensor:
+    # Slaney's scale: linear below 1 kHz, logarithmic above.
+    f_sp, min_log_hz = 200.0 / 3, 1000.0
+    logstep = math.log(6.4) / 27.0
+    return torch.where(hz >= min_log_hz, min_log_hz / f_sp + torch.log(hz.clamp(min=min_log_hz) / min_log_hz) / logstep, hz / f_sp)
+
+
+def _mel_to_hz(mel: Tensor) -> Tensor:
+    f_sp, min_log_hz = 200.0 / 3, 1000.0
+    logstep = math.log(6.4) / 27.0
+    return torch.where(mel >= min_log_hz / f_sp, min_log_hz * torch.exp(logstep * (mel - min_log_hz / f_sp)), f_sp * mel)
+
+
 @functools.lru_cache(maxsize=8)
 def _slaney_mel(sr: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> Tensor:
-    # librosa's default filterbank (Slaney scale and area normalisation), as (n_mels, n_freqs).
-    fb = torchaudio.functional.melscale_fbanks(
-        n_freqs=n_fft // 2 + 1, f_min=fmin, f_max=fmax, n_mels=n_mels, sample_rate=sr, norm="slaney", mel_scale="slaney"
-    )
-    return fb.T.contiguous()
+    """librosa.filters.mel's default filterbank (Slaney scale, area-normalised) as
+    (n_mels, n_freqs). Built in float64 as librosa builds it, then cast: both references
+    (whisper's mel_filters.npz and matcha's librosa call) are that float64 result, and
+    torchaudio's float32 construction differs by 1.6e-7, i.e. 1.5e-4 in the log-mel."""
+    fft_freqs = torch.linspace(0.0, sr / 2, n_fft // 2 + 1, dtype=torch.float64)
+    edges = torch.tensor([fmin, fmax], dtype=torch.float64)
+    mel_lo, mel_hi = _hz_to_mel(edges).tolist()
+    mel_f = _mel_to_hz(torch.linspace(mel_lo, mel_hi, n_mels + 2, dtype=torch.float64))
+    fdiff = mel_f.diff()
+    ramps = mel_f[:, None] - fft_freqs[None, :]
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    weights = torch.clamp(torch.minimum(lower, upper), min=0.0)
+    weights *= (2.0 / (mel_f[2:] - mel_f[:-2]))[:, None]
+    return weights.float().contiguous()
 
 
 def whisper_log_mel(audio_16k: Tensor, n_mels: int = 128) -> Tensor:

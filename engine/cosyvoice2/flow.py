@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .encoder import EncoderState, UpsampleConformerEncoder
-from .estimator import CausalConditionalDecoder, StepState
+from .estimator import CausalConditionalDecoder, StepState, cache_bytes_per_frame
 from .model_config import CFMConfig, FlowConfig
 
 
@@ -109,7 +109,10 @@ class FlowStream:
         prompt_mel: Tensor,
         embedding: Tensor,
         streaming: bool = True,
+        max_tokens: int | None = None,
     ) -> None:
+        """``max_tokens``: the most tokens (prompt and generated) this stream will hold;
+        its caches then never grow past ``cache_bound(flow, max_tokens, ...)``."""
         p = flow.decoder.estimator.final_proj.weight
         self.flow, self.streaming = flow, streaming
         self.ratio = flow.cfg.token_mel_ratio
@@ -118,9 +121,11 @@ class FlowStream:
         self.tokens: list[int] = [int(t) for t in prompt_tokens.view(-1).tolist()]
         self.n_prompt = len(self.tokens)
         self.prompt_mel = prompt_mel.to(p.device, p.dtype).view(1, -1, flow.cfg.output_size).transpose(1, 2)
-        self.spks = flow.speaker(embedding.to(p.device, p.dtype).view(1, -1))
-        self.enc = flow.encoder.new_state(1, p.device, p.dtype)
-        self.steps = [StepState() for _ in range(flow.cfg.cfm.n_timesteps)]
+        self.embedding = embedding.to(p.device, p.dtype).view(1, -1)
+        self.spks = flow.speaker(self.embedding)
+        self.enc = flow.encoder.new_state(1, p.device, p.dtype, limit_tokens=max_tokens)
+        frames = None if max_tokens is None else max_tokens * self.ratio
+        self.steps = [StepState(frames) for _ in range(flow.cfg.cfm.n_timesteps)]
         self.done = 0  # tokens whose frames are computed
 
     def push(self, tokens: list[int]) -> None:
@@ -162,8 +167,31 @@ class FlowStream:
         first_generated = max(0, self.n_prompt * self.ratio - start)
         return mel[:, :, first_generated:].float()
 
+    @torch.inference_mode()
+    def finish_full(self) -> Tensor:
+        """The rest of the mel as the reference's last ``token2wav`` call makes it (it is
+        called without ``stream``): the whole sequence again with full attention, of
+        which the frames not yet returned. Frees this stream's caches first."""
+        p = self.spks
+        self.enc = self.flow.encoder.new_state(1, p.device, p.dtype)
+        self.steps = [StepState() for _ in self.steps]
+        prompt = torch.tensor(self.tokens[: self.n_prompt], device=p.device).view(1, -1)
+        generated = torch.tensor(self.tokens[self.n_prompt :], device=p.device).view(1, -1)
+        whole = self.flow.inference(generated, prompt, self.prompt_mel.transpose(1, 2), self.embedding, streaming=False, finalize=True)
+        returned = max(0, self.done - self.n_prompt) * self.ratio
+        self.done = len(self.tokens)
+        return whole[:, :, returned:].float()
+
     def cache_bytes(self) -> int:
         return self.enc.nbytes() + sum(s.nbytes() for s in self.steps)
+
+
+def cache_bound(flow: CausalFlow, n_tokens: int, dtype: torch.dtype) -> int:
+    """The most a :class:`FlowStream` of ``n_tokens`` (prompt and generated) holds in its
+    caches, in bytes. The estimator's dominate: see ``cache_bytes_per_frame``."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_frame = cache_bytes_per_frame(flow.cfg.estimator, flow.cfg.cfm.n_timesteps, itemsize)
+    return n_tokens * (flow.encoder.cache_bytes_per_token(itemsize) + flow.cfg.token_mel_ratio * per_frame)
 
 
 __all__ = ["CausalFlow", "FlowStream", "EncoderState"]

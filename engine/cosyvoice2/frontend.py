@@ -20,7 +20,7 @@ from ..base import EngineError
 from ..threads import onnx_session_options
 from .features import kaldi_fbank, matcha_mel, whisper_log_mel
 from .model_config import CosyVoice2Config
-from .text import normalize_text
+from .text import load_normalizers, normalize_text
 from .tokenizer import TextTokenizer
 
 MIN_SECONDS = 1.0
@@ -78,6 +78,7 @@ class Frontend:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.campplus = _session(model_dir / "campplus.onnx")
         self.speech_tokenizer = _session(model_dir / "speech_tokenizer_v2.onnx")
+        load_normalizers()  # at engine load, so the first request does not pay for it
 
     def transcript_ids(self, transcript: str) -> np.ndarray:
         text = normalize_text(transcript or "")

@@ -5,16 +5,19 @@
         -> iSTFT (n_fft 16, hop 4)
 
 Weight norm is folded into plain weights at load time (``weights.py``); module
-names otherwise follow the reference ``HiFTGenerator``. :class:`VocoderStream`
-vocodes chunk by chunk: the vocoder is not causal, so each window starts 8 frames
-back (the reference's ``mel_cache_len``), those 8 frames of audio are cross-faded
-with the previous window's withheld tail, and the source keeps its phase and noise
-across windows so that the two overlapping renderings agree.
+names otherwise follow the reference ``HiFTGenerator``. By default the engine vocodes
+chunk by chunk with the pinned reference's seams (:class:`OfficialVocoderStream`). The
+project's own, an option measured closer to one-shot vocoding, is :class:`VocoderStream`:
+the vocoder is not causal, so each window starts 8 frames back (the reference's
+``mel_cache_len``), those 8 frames of audio are cross-faded with the previous window's
+withheld tail, and the source keeps its phase and noise across windows so that the two
+overlapping renderings agree.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -197,14 +200,22 @@ class VocoderStream:
     @torch.inference_mode()
     def push(self, mel: Tensor, final: bool = False) -> Tensor:
         """Add mel frames (1, 80, n); return the audio (samples,) now final."""
+        window = self.prepare(mel, final)
+        if window is None:
+            return torch.zeros(0, device=self.device)
+        return self.finish(window, render(self.hift, [window])[0])
+
+    def prepare(self, mel: Tensor, final: bool = False) -> Window | None:
+        """Take in mel frames (1, 80, n) and draw this window's noise: the inputs of the
+        window to render now, or None when there is nothing to render. ``render`` then
+        vocodes many streams' windows in one batch, and ``finish`` takes the audio."""
         mel = mel.to(self.device, torch.float32)
         self.mel = torch.cat([self.mel, mel], dim=2)
         end = self.mel_start + self.mel.shape[2]
         a = self.emitted  # this window renders frames [a, end)
         if end == a:
-            return torch.zeros(0, device=self.device)
+            return None
         f0_from = max(0, a - self.F0_CONTEXT)
-        f0 = self.hift.f0_predictor(self.mel[:, :, f0_from - self.mel_start :])
         # Phase: integrate from frame a-1 (one frame early, so interpolation at the
         # window's left edge sees a real neighbour), continuing the carried sum.
         ph_from = max(0, a - 1)
@@ -212,23 +223,200 @@ class VocoderStream:
         noise = torch.cat([self.noise, fresh], dim=1)  # the overlap reuses its noise
         pad = (a - ph_from) * self.scale
         noise = F.pad(noise, (0, 0, pad, 0))
-        source, cum = self.hift.m_source(f0[:, ph_from - f0_from :], noise, self.phase_before)
-        source = source[:, :, pad:]
-        audio = self.hift.decode(self.mel[:, :, a - self.mel_start :], source)[0]
+        return Window(
+            f0_mel=self.mel[:, :, f0_from - self.mel_start :],
+            f0_skip=ph_from - f0_from,
+            noise=noise,
+            phase_before=self.phase_before,
+            pad=pad,
+            mel=self.mel[:, :, a - self.mel_start :],
+            start=a,
+            ph_from=ph_from,
+            end=end,
+            final=final,
+        )
+
+    def finish(self, w: Window, audio: Tensor) -> Tensor:
+        """Cross-fade the rendered window (samples,) with the last one's tail; carry the
+        state the next window needs; return the audio now final."""
+        a, end = w.start, w.end
         if self.tail is not None:
             n = self.tail.shape[0]
             audio[:n] = audio[:n] * self.fade_in[:n] + self.tail * self.fade_out[:n]
-        if final:
+        if w.final:
             self.emitted, self.tail = end, None
             return audio
         keep_from = max(a, end - self.OVERLAP)
         cut = (keep_from - a) * self.scale
         out, self.tail = audio[:cut], audio[cut:]
         # Carry state for the next window, which renders from keep_from.
-        if keep_from - 2 >= ph_from:
-            self.phase_before = cum[:, keep_from - 2 - ph_from] % 1
-        self.noise = noise[:, pad + cut :]
+        if keep_from - 2 >= w.ph_from:
+            self.phase_before = w.cum[:, keep_from - 2 - w.ph_from] % 1
+        self.noise = w.noise[:, w.pad + cut :]
         self.emitted = keep_from
         drop = max(0, (keep_from - self.F0_CONTEXT) - self.mel_start)
         self.mel, self.mel_start = self.mel[:, :, drop:], self.mel_start + drop
         return out
+
+    @classmethod
+    def state_bound(cls, hift: HiFTGenerator, chunk_frames: int) -> int:
+        """The most ``state_bytes`` can be when no window exceeds ``chunk_frames`` new frames:
+        mel, per-sample noise and audio of the carried frames, fp32."""
+        scale, harmonics = hift.cfg.upsample_scale, hift.cfg.nb_harmonics + 1
+        frames = cls.OVERLAP + cls.F0_CONTEXT + chunk_frames
+        return frames * 4 * (hift.cfg.in_channels + scale * (harmonics + 1))
+
+    def state_bytes(self) -> int:
+        """What the stream holds between windows (a few frames of mel, noise and audio)."""
+        held = [self.mel, self.noise] + ([] if self.tail is None else [self.tail])
+        return sum(t.numel() * t.element_size() for t in held)
+
+
+@dataclass
+class Window:
+    """One stream's vocoder window: its inputs (``prepare``) and its phase sum (``render``)."""
+
+    f0_mel: Tensor  # (1, 80, n_f0): the window plus the F0 predictor's left context
+    f0_skip: int  # F0 frames before the phase integration starts
+    noise: Tensor  # (1, samples, harmonics)
+    phase_before: Tensor | None
+    pad: int  # noise samples before the window proper
+    mel: Tensor  # (1, 80, n): the frames rendered
+    start: int
+    ph_from: int
+    end: int
+    final: bool
+    cum: Tensor | None = None
+
+    def shape_key(self) -> tuple[int, ...]:
+        return (self.f0_mel.shape[2], self.f0_skip, self.noise.shape[1], self.pad, self.mel.shape[2])
+
+
+class OfficialVocoderStream:
+    """Vocodes one utterance's mel with the pinned CosyVoice2Model's seams (ace7c47,
+    ``token2wav``): each window is the last window's final 8 mel frames plus the new
+    ones; F0 is predicted on the window only; the window's source is drawn afresh and
+    its first 8 frames' worth is overwritten by the last window's source there; the
+    first 8 frames of audio are cross-faded with the last window's withheld tail by a
+    Hamming window (``fade_in_out``). Noise is drawn in the reference's order, from this
+    stream's generator (the reference uses torch's global one)."""
+
+    MEL_CACHE = 8  # the reference's mel_cache_len
+
+    def __init__(self, hift: HiFTGenerator, generator: torch.Generator | None = None) -> None:
+        self.hift, self.generator = hift, generator
+        self.device = hift.conv_pre.weight.device
+        self.scale = hift.cfg.upsample_scale
+        self.harmonics = hift.cfg.nb_harmonics + 1
+        self.cache_len = self.MEL_CACHE * self.scale  # source_cache_len
+        # np.hamming in float64, as the reference multiplies by the numpy window.
+        w = torch.from_numpy(np.hamming(2 * self.cache_len))
+        self.fade_in, self.fade_out = w[: self.cache_len], w[self.cache_len :]
+        self.cache: tuple[Tensor, Tensor, Tensor] | None = None  # mel, source, speech
+
+    @torch.inference_mode()
+    def push(self, mel: Tensor, final: bool = False) -> Tensor:
+        window = self.prepare(mel, final)
+        if window is None:
+            return torch.zeros(0, device=self.device)
+        return self.finish(window, render(self.hift, [window])[0])
+
+    def prepare(self, mel: Tensor, final: bool = False) -> SeamWindow | None:
+        mel = mel.to(self.device, torch.float32)
+        cache_source = None
+        if self.cache is not None:
+            mel = torch.cat([self.cache[0], mel], dim=2)
+            cache_source = self.cache[1]
+        if mel.shape[2] == 0:
+            return None
+        n = mel.shape[2] * self.scale
+        g, dev = self.generator, self.device
+        # SineGen2's initial phases (they vanish in the frame-rate integration), its
+        # harmonic-major randn_like, then SourceModuleHnNSF2's unused noise branch.
+        torch.rand(1, self.harmonics, generator=g, device=dev)
+        noise = torch.empty(1, self.harmonics, n, device=dev).transpose(1, 2)
+        noise.normal_(generator=g)
+        torch.randn(1, n, 1, generator=g, device=dev)
+        return SeamWindow(mel, noise, cache_source, final)
+
+    def finish(self, w: SeamWindow, audio: Tensor) -> Tensor:
+        k = self.cache_len
+        if self.cache is not None:
+            tail = self.cache[2]
+            faded = audio[:k].double() * self.fade_in.to(audio.device) + tail.double() * self.fade_out.to(audio.device)
+            audio = torch.cat([faded.to(audio.dtype), audio[k:]])
+        if w.final:
+            self.cache = None
+            return audio
+        assert w.source is not None
+        self.cache = (w.mel[:, :, -self.MEL_CACHE :], w.source[:, :, -k:], audio[-k:])
+        return audio[:-k]
+
+    @classmethod
+    def state_bound(cls, hift: HiFTGenerator, chunk_frames: int) -> int:
+        """What the stream carries between windows, fp32: 8 frames of mel, source, audio.
+        (``chunk_frames`` is for the signature shared with :class:`VocoderStream`.)"""
+        return cls.MEL_CACHE * 4 * (hift.cfg.in_channels + 2 * hift.cfg.upsample_scale)
+
+    def state_bytes(self) -> int:
+        return 0 if self.cache is None else sum(t.numel() * t.element_size() for t in self.cache)
+
+
+@dataclass
+class SeamWindow:
+    """One :class:`OfficialVocoderStream` window: its inputs and, once rendered, its source."""
+
+    mel: Tensor  # (1, 80, n): the last window's 8 frames, then the new ones
+    noise: Tensor  # (1, n * scale, harmonics), harmonic-major
+    cache_source: Tensor | None  # (1, 1, 8 * scale): overwrites the start of the source
+    final: bool
+    source: Tensor | None = None
+
+    def shape_key(self) -> tuple[int, ...]:
+        return (-1, self.mel.shape[2], 0 if self.cache_source is None else self.cache_source.shape[2])
+
+
+def make_vocoder(hift: HiFTGenerator, generator: torch.Generator | None, seams: str) -> VocoderStream | OfficialVocoderStream:
+    """``seams``: "official" (the pinned reference's) or "project" (phase-continuous source,
+    F0 context, raised-cosine fades: see :class:`VocoderStream`)."""
+    if seams == "official":
+        return OfficialVocoderStream(hift, generator)
+    if seams == "project":
+        return VocoderStream(hift, generator)
+    raise ValueError(f"unknown vocoder seams {seams!r}: official or project")
+
+
+@torch.inference_mode()
+def _render_official(hift: HiFTGenerator, windows: list[SeamWindow]) -> list[Tensor]:
+    mel = torch.cat([w.mel for w in windows])
+    f0 = hift.f0_predictor(mel)
+    source, _ = hift.m_source(f0, torch.cat([w.noise for w in windows]))
+    for i, w in enumerate(windows):
+        if w.cache_source is not None:  # the reference: "use cache_source to avoid glitch"
+            source[i : i + 1, :, : w.cache_source.shape[2]] = w.cache_source
+    audio = hift.decode(mel, source)
+    for i, w in enumerate(windows):
+        w.source = source[i : i + 1]
+    return list(audio)
+
+
+@torch.inference_mode()
+def render(hift: HiFTGenerator, windows: list[Window] | list[SeamWindow]) -> list[Tensor]:
+    """Vocode windows of equal shapes (``shape_key``) as one batch; sets each
+    window's ``cum`` (or ``source``). Returns each window's audio (samples,). The vocoder is not causal,
+    so windows of unequal lengths are not padded into one batch: that would change
+    their edges. The caller groups them."""
+    if isinstance(windows[0], SeamWindow):
+        return _render_official(hift, windows)  # type: ignore[arg-type]
+    f0 = hift.f0_predictor(torch.cat([w.f0_mel for w in windows]))
+    phase_before = None
+    if any(w.phase_before is not None for w in windows):
+        # A window without a carried phase starts from zero: adding 0 changes nothing.
+        zero = f0.new_zeros(1, windows[0].noise.shape[2])
+        phase_before = torch.cat([zero if w.phase_before is None else w.phase_before for w in windows])
+    pad, skip = windows[0].pad, windows[0].f0_skip
+    source, cum = hift.m_source(f0[:, skip:], torch.cat([w.noise for w in windows]), phase_before)
+    audio = hift.decode(torch.cat([w.mel for w in windows]), source[:, :, pad:])
+    for i, w in enumerate(windows):
+        w.cum = cum[i : i + 1]
+    return list(audio)

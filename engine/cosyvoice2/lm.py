@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from .model_config import LMConfig
-from .qwen2 import KVCache, Qwen2ForCausalLM
-from .sampling import RasSampler
+from .qwen2 import KVCache, Qwen2ForCausalLM, SlotBatch
+from .sampling import RasSampler, eos_id, forbid_stop, is_stop
 
 SOS, TASK_ID = 0, 1
 
@@ -61,8 +61,13 @@ class SpeechLM(nn.Module):
 
     def logprobs(self, embeds: Tensor, cache: KVCache) -> Tensor:
         """Advance the cache by ``embeds``; log-probabilities (V,) of the next speech token."""
+        return self.batch_logprobs(embeds, cache)[0]
+
+    def batch_logprobs(self, embeds: Tensor, cache: KVCache | SlotBatch) -> Tensor:
+        """``embeds`` (B, T, D), one row per sequence of ``cache``: (B, V) log-probabilities
+        of each sequence's next speech token."""
         hidden = self.llm.model(embeds, cache)
-        return self.llm_decoder(hidden[:, -1]).float().log_softmax(dim=-1)[0]
+        return self.llm_decoder(hidden[:, -1]).float().log_softmax(dim=-1)
 
     def token_embed(self, token: int) -> Tensor:
         return self.speech_embedding.weight[token].view(1, 1, -1)
@@ -98,16 +103,16 @@ def generate_speech_tokens(
     embeds = lm.prompt_embeds(text_ids, prompt_speech_ids)
     param = lm.llm_decoder.weight
     cache = KVCache(lm.cfg.qwen, embeds.shape[1] + hi + 1, param.device, param.dtype)
-    stops = lm.stop_ids
+    size = lm.cfg.speech_token_size
     history: list[int] = []
     for i in range(hi):
         logp = lm.logprobs(embeds, cache)
         if on_step is not None:
             on_step()
-        if i < lo:  # too early to stop: no stop token may be drawn
-            logp[stops.start : stops.stop] = -float("inf")
+        if i < lo:  # too early to stop (the official rule: see sampling.py)
+            forbid_stop(logp, eos_id(size))
         token = sampler.sample(logp, history)
-        if token in stops:
+        if is_stop(token, size):
             return
         history.append(token)
         yield token

@@ -1,21 +1,29 @@
 """The streaming inference loop: LM tokens -> flow chunks -> vocoder -> audio pieces.
 
-Chunking. The flow's attention is chunk-causal with 25-token chunks counted from
-the start of [flow prompt, generated] and needs 3 lookahead tokens, so a chunk's
-mel is final once the LM has emitted its 25 tokens + 3. We trim the start of the
-flow prompt (never the LM's) so that the first chunk boundary falls
-``first_chunk_tokens`` into the generated speech: the first audio needs only
-``first_chunk_tokens + 3`` LM steps instead of 25-49 + 3, with no approximation.
-After that, one chunk per 25 tokens, as the reference. The vocoder re-renders the
-last 8 mel frames of each chunk with the next one and cross-fades them.
+Schedule (:class:`Schedule`). By default it is the pinned official CosyVoice2Model's
+(FunAudioLLM/CosyVoice ace7c47, cosyvoice/cli/model.py): the whole flow prompt is
+kept; the first chunk is rendered once the LM has emitted token_hop + pad + 3 tokens,
+pad = ceil(P/25)*25 - P for a flow prompt of P tokens (so that the chunk ends on a
+25-token boundary of [prompt, generated]) and 3 the flow's pre-lookahead; each later
+chunk once hop + 3 more exist, the hop doubling per chunk from 25 up to 100. The
+flow's attention is chunk-causal with 25-token chunks, so the mel is the reference's.
 
-Each ``next()`` runs LM steps until a chunk is ready and returns its audio; closing
-the generator stops the loop between two LM steps.
+``fast_start`` is the project's own, faster start: it trims the start of the flow
+prompt (never the LM's) so that the first chunk boundary falls ``first_chunk_tokens``
+into the generated speech, and renders every 25-token chunk as soon as it is final.
+The first audio then needs ``first_chunk_tokens + 3`` LM steps instead of 28-52; the
+trade-off is up to 24 prompt tokens (~1 s) less speaker conditioning, so the mel is
+no longer the official one.
+
+The engine steps many utterances together through ``batch.py`` (one LM token per
+stream per step); ``synthesize_ids`` is the same loop for one utterance as a generator:
+each ``next()`` runs LM steps until a chunk is ready and returns its audio, and closing
+it stops the loop between two LM steps. Tests hold the two to the same output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +32,7 @@ from torch import Tensor
 
 from .flow import FlowStream
 from .frontend import Prompt
-from .hift import VocoderStream
+from .hift import make_vocoder
 from .lm import generate_speech_tokens
 from .sampling import RasSampler
 from .weights import Models
@@ -49,6 +57,44 @@ def prompt_trim(n_prompt: int, first_chunk: int, chunk: int) -> int:
     if drop <= n_prompt - chunk // 2 or drop == 0:
         return drop
     return 0  # too short a prompt to trim: keep it whole, the first chunk is then longer
+
+
+# The pinned CosyVoice2Model: the hop starts at the flow's chunk (25), is multiplied by
+# stream_scale_factor (2) after each chunk, up to token_max_hop_len (4 x 25).
+HOP_SCALE = 2
+MAX_HOP_CHUNKS = 4
+
+
+class Schedule:
+    """When one text segment's flow renders a chunk, counted in generated tokens.
+
+    The official schedule also keeps its grown hop on the model across utterances (an
+    upstream quirk); here every segment starts again from one chunk."""
+
+    def __init__(self, n_prompt: int, chunk: int, lookahead: int, fast_start: bool, first_chunk: int) -> None:
+        self.fast_start, self.lookahead = fast_start, lookahead
+        self.drop = prompt_trim(n_prompt, first_chunk, chunk) if fast_start else 0
+        self.hop, self.max_hop = chunk, MAX_HOP_CHUNKS * chunk
+        self.pad = -n_prompt % chunk  # ceil(P / chunk) * chunk - P
+        self.offset = 0  # generated tokens whose chunk has been rendered
+
+    def next_at(self) -> int | None:
+        """Generated tokens at which the next chunk renders; None under ``fast_start``."""
+        if self.fast_start:
+            return None
+        return self.offset + self.hop + (self.pad if self.offset == 0 else 0) + self.lookahead
+
+    def due(self, n_generated: int) -> bool:
+        """Whether the flow should render now that ``n_generated`` tokens exist. Under
+        ``fast_start`` every ready chunk renders at once (``FlowStream.ready`` decides)."""
+        at = self.next_at()
+        if at is None:
+            return True
+        if n_generated < at:
+            return False
+        self.offset = at - self.lookahead
+        self.hop = min(self.max_hop, self.hop * HOP_SCALE)
+        return True
 
 
 class MelStretch:
@@ -86,23 +132,15 @@ def synthesize_ids(
     *,
     stats: Stats,
     first_chunk_tokens: int = 10,
+    fast_start: bool = False,
+    seams: str = "official",
     speed: float = 1.0,
     generator: torch.Generator | None = None,
     min_tokens: int | None = None,
     max_tokens: int | None = None,
 ) -> Iterator[np.ndarray]:
     """Stream one text segment (already tokenised) in the prompt's voice."""
-    flow_model, device = models.flow, models.flow.input_embedding.weight.device
-    chunk, ratio = models.cfg.flow.encoder.static_chunk_size, models.cfg.token_mel_ratio
-    drop = prompt_trim(len(prompt.speech_tokens), first_chunk_tokens, chunk)
-    flow = FlowStream(
-        flow_model,
-        torch.from_numpy(prompt.speech_tokens[drop:]),
-        torch.from_numpy(prompt.mel[ratio * drop :]),
-        torch.from_numpy(prompt.embedding),
-    )
-    vocoder = VocoderStream(models.hift, generator)
-    stretch = MelStretch(speed)
+    device, ratio = models.flow.input_embedding.weight.device, models.cfg.token_mel_ratio
     # The fixed noise covers so many frames: bound the speech length by it.
     room = models.flow.decoder.noise.shape[2] // ratio - len(prompt.speech_tokens) - 1
     text_max = int(len(text_ids) * models.cfg.lm.max_token_text_ratio)
@@ -121,21 +159,61 @@ def synthesize_ids(
         min_tokens=min_tokens,
         max_tokens=max_tokens,
     )
-    flow.advance()  # the prompt's complete chunks, before the first LM step
     try:
-        for token in tokens:
-            flow.push([token])
-            mel = flow.advance()
-            if mel.shape[2]:
-                stats.flow_chunks += 1
-                audio = vocoder.push(stretch(mel))
-                stats.vocoder_chunks += 1
-                if audio.numel():
-                    yield audio.cpu().numpy()
-        audio = vocoder.push(stretch(flow.advance(final=True), final=True), final=True)
-        stats.flow_chunks += 1
-        stats.vocoder_chunks += 1
-        if audio.numel():
-            yield audio.cpu().numpy()
+        yield from stream_tokens(
+            models, prompt, tokens, stats=stats, first_chunk_tokens=first_chunk_tokens, fast_start=fast_start,
+            seams=seams, speed=speed, generator=generator,
+        )  # fmt: skip
     finally:
         tokens.close()  # stop the LM loop now, whatever ended us
+
+
+def stream_tokens(
+    models: Models,
+    prompt: Prompt,
+    tokens: Iterable[int],
+    *,
+    stats: Stats,
+    first_chunk_tokens: int = 10,
+    fast_start: bool = False,
+    seams: str = "official",
+    speed: float = 1.0,
+    generator: torch.Generator | None = None,
+    on_mel: Callable[[Tensor], None] | None = None,
+) -> Iterator[np.ndarray]:
+    """Speech tokens, as they arrive, to audio pieces: the schedule, the flow and the
+    vocoder of one segment. ``on_mel`` sees each chunk's mel (tests compare it)."""
+    flow_model = models.flow
+    chunk, ratio = models.cfg.flow.encoder.static_chunk_size, models.cfg.token_mel_ratio
+    schedule = Schedule(len(prompt.speech_tokens), chunk, flow_model.cfg.pre_lookahead_len, fast_start, first_chunk_tokens)
+    drop = schedule.drop
+    flow = FlowStream(
+        flow_model,
+        torch.from_numpy(prompt.speech_tokens[drop:]),
+        torch.from_numpy(prompt.mel[ratio * drop :]),
+        torch.from_numpy(prompt.embedding),
+    )
+    vocoder = make_vocoder(models.hift, generator, seams)
+    stretch = MelStretch(speed)
+    flow.advance()  # the prompt's complete chunks, before the first LM step
+    for n, token in enumerate(tokens, 1):
+        flow.push([token])
+        if not schedule.due(n):
+            continue
+        mel = flow.advance()
+        if mel.shape[2]:
+            stats.flow_chunks += 1
+            if on_mel is not None:
+                on_mel(mel)
+            audio = vocoder.push(stretch(mel))
+            stats.vocoder_chunks += 1
+            if audio.numel():
+                yield audio.cpu().numpy()
+    mel = flow.advance(final=True) if fast_start else flow.finish_full()
+    if on_mel is not None:
+        on_mel(mel)
+    audio = vocoder.push(stretch(mel, final=True), final=True)
+    stats.flow_chunks += 1
+    stats.vocoder_chunks += 1
+    if audio.numel():
+        yield audio.cpu().numpy()

@@ -209,7 +209,7 @@ BAD = [
     ('{"text": "hello"}', "missing_field"),
     ('{"type": "cancel"}', "missing_field"),
     ('{"type": "speak", "ctx": "x", "text": "hi", "voice": "nobody"}', "unknown_voice"),
-    ('{"type": "speak", "ctx": "x", "text": "hi", "format": "mp3"}', "invalid_format"),
+    ('{"type": "speak", "ctx": "x", "text": "hi", "format": "ogg_vorbis"}', "invalid_format"),
     ('{"type": "speak", "ctx": "x", "text": "hi", "sample_rate": 96000}', "invalid_sample_rate"),
     ('{"type": "config", "chunk_ms": 1000}', "invalid_chunk_ms"),
     ('{"type": "flush", "ctx": "never-started"}', "unknown_ctx"),

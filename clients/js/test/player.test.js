@@ -257,3 +257,20 @@ test('after stop() nothing is pending, and what never played shows as dropped wi
   assert.equal(player.progress(us[0]).state, 'dropped');
   assert.equal(player.progress(us[0]).played, (await done[0]).played);
 });
+
+test('the player reports what it has played to the utterance, at the stream rate (flow control)', async () => {
+  const { context, player } = await setup();
+  const u = new FakeUtterance();
+  u.sampleRate = RATE / 2; // a 24 kHz stream, played at 48 kHz
+  const reports = [];
+  u.played = (n) => reports.push(n);
+  const finished = player.play(u);
+  assert.deepEqual(reports, [0]); // paced from the first step
+  for (let i = 0; i < 4; i++) u.audio(ramp(1 + i * 2400, 2400), RATE / 2);
+  u.done();
+  await context.render(200);
+  const result = await finished;
+  assert.ok(reports.length > 2);
+  assert.ok(reports.every((n, i) => i === 0 || n >= reports[i - 1])); // a running total
+  assert.ok(reports.at(-1) <= 4 * 2400 && reports.at(-1) >= result.played / 2 - 2 * Q);
+});

@@ -268,3 +268,20 @@ test('no reconnect after close(), after a first connect that fails, after a refu
   plain.speak('y');
   assert.notEqual(FakeSocket.last, ws);
 });
+
+test('played() sends progress, coalesced to ~100 ms of audio, and nothing once ended', async () => {
+  const vx = connect();
+  const u = vx.speak('Hello.');
+  const ws = FakeSocket.last;
+  ws.open();
+  await vx.ready;
+  ws.json(started(u.ctx)); // 22050 Hz: reports at least 2205 samples apart
+  u.played(0).played(1000).played(2205).played(3000).played(4410);
+  const progress = () => ws.sent.filter((m) => m.type === 'progress').map((m) => m.played);
+  assert.deepEqual(progress(), [0, 2205, 4410]);
+  assert.ok(ws.sent.filter((m) => m.type === 'progress').every((m) => m.ctx === u.ctx));
+  ws.json({ type: 'done', ctx: u.ctx, samples: 5000 });
+  await u.finished;
+  u.played(9000);
+  assert.deepEqual(progress(), [0, 2205, 4410]);
+});

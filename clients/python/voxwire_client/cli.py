@@ -1,4 +1,8 @@
-"""``voxwire say``: speak text through a server into a WAV file, and print the figures.
+"""``voxwire say``: speak text through a server into a file, and print the figures.
+
+The output's extension picks the format: ``.opus``, ``.mp3``, ``.aac`` or ``.flac`` ask
+the server for that stream, which is written as it came (it is the file); anything else
+is a WAV file of PCM (``--format`` picks which PCM).
 
 Mistakes a user can make on the command line (a wrong URL, an output path that cannot be
 written) are reported as one ``voxwire: ...`` line on standard error, never a traceback:
@@ -17,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import InvalidHandshake
 
 from voxwire_client.client import DEFAULT_URL, Closed, ServerError
+from voxwire_client.formats import COMPRESSED, PCM_FORMATS, as_file, format_for_path
 from voxwire_client.sync import synthesize
 from voxwire_client.wav import write_wav
 
@@ -58,6 +63,18 @@ def check_output(path: str) -> None:
         raise UsageError(f"-o {path}: permission denied")
 
 
+def output_format(path: str, asked: str | None) -> str | None:
+    """The format to ask for: the one the file's extension names, else ``--format``."""
+    by_name = format_for_path(path)
+    if by_name is not None:
+        if asked is not None and asked != by_name:
+            raise UsageError(f"-o {path}: a {COMPRESSED[by_name]} file holds {by_name}, not {asked}; drop --format")
+        return by_name
+    if asked in COMPRESSED:
+        raise UsageError(f"--format {asked}: name the output {COMPRESSED[asked]} (-o out{COMPRESSED[asked]})")
+    return asked
+
+
 def http_status(error: InvalidHandshake) -> int | None:
     """The HTTP status of a refused WebSocket handshake, if it was one."""
     response = getattr(error, "response", None)  # websockets >= 14: InvalidStatus
@@ -86,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="voxwire", description="Voxwire client")
     sub = parser.add_subparsers(dest="command", required=True)
-    say = sub.add_parser("say", help="speak text to a WAV file")
+    say = sub.add_parser("say", help="speak text to a WAV, Opus, MP3, AAC or FLAC file")
     say.add_argument("text", help="the text to speak ('-' reads standard input)")
-    say.add_argument("-o", "--output", default="out.wav", help="WAV file to write (default: %(default)s)")
+    say.add_argument("-o", "--output", default="out.wav", help="file to write; .opus, .mp3, .aac or .flac pick that format, "
+                     "anything else is WAV (default: %(default)s)")
     say.add_argument("--url", default=DEFAULT_URL,
                      help="server WebSocket URL; http(s):// is taken as ws(s):// (default: %(default)s)")
     say.add_argument("--voice", help="voice id (default: the server's)")
-    say.add_argument("--format", choices=("pcm_s16le", "pcm_f32le", "mulaw"), help="audio encoding")
+    say.add_argument("--format", choices=(*PCM_FORMATS, *COMPRESSED), help="audio encoding (default: by -o's extension)")
     say.add_argument("--sample-rate", type=int, help="output sample rate, 8000-48000")
     say.add_argument("--chunk-ms", type=int, help="chunk duration, 150-250 ms")
     say.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0")
@@ -101,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = websocket_url(args.url)
         check_output(args.output)  # now, not after the whole text has been synthesised
+        fmt = output_format(args.output, args.format)
     except UsageError as e:
         print(f"voxwire: {e}", file=sys.stderr)
         return 2
@@ -108,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, Any] = {
         k: v
         for k, v in {
-            "voice": args.voice, "format": args.format, "sample_rate": args.sample_rate,
+            "voice": args.voice, "format": fmt, "sample_rate": args.sample_rate,
             "chunk_ms": args.chunk_ms, "speed": args.speed, "timestamps": args.timestamps or None,
         }.items()
         if v is not None
@@ -129,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"voxwire: cannot reach {url}: {e}", file=sys.stderr)
         return 1
     try:
-        write_wav(args.output, result.data, result.sample_rate, result.format)
+        if result.format in COMPRESSED:
+            # The stream is the file; its length is known now (FLAC's header wants it).
+            Path(args.output).write_bytes(as_file(result.data, result.format, int(result.done.get("samples", 0))))
+        else:
+            write_wav(args.output, result.data, result.sample_rate, result.format)
     except OSError as e:  # checked above, but the disk may fill or the folder go meanwhile
         print(f"voxwire: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
         return 1

@@ -73,6 +73,8 @@ class Event:
 
 
 _TERMINAL = frozenset({"done", "cancelled"})
+PROGRESS_INTERVAL = 0.1
+"""Seconds between two progress reports of one utterance, at least."""
 
 
 class Utterance:
@@ -91,6 +93,12 @@ class Utterance:
         # sent from another task (an LLM producer) must stop at once, whoever reads the audio.
         self._active = True
         self._complete = False  # its final text has been sent
+        # Flow control (docs/protocol.md, progress): samples the application has taken,
+        # and how many of them the server has been told about.
+        self._played = 0
+        self._reported = 0
+        self._reported_at = 0.0
+        self._auto_progress = client.report_progress
 
     @property
     def active(self) -> bool:
@@ -133,6 +141,20 @@ class Utterance:
         self._active = False  # before the await: a send racing this cancel is dropped
         return await self._send({"type": "cancel", "ctx": self.ctx})
 
+    async def played(self, samples: int) -> bool:
+        """Tell the server how many samples of this utterance have been played so far (a
+        running total): it then computes at most its flow window (a few seconds) beyond
+        them. An application that plays the audio itself calls this from its player;
+        doing so stops the client's own report of frames taken from the iteration."""
+        self._auto_progress = False
+        return await self._report(samples)
+
+    async def _report(self, samples: int) -> bool:
+        if not self._active:
+            return False
+        self._reported = samples
+        return await self._send({"type": "progress", "ctx": self.ctx, "played": samples})
+
     async def _send(self, message: dict[str, Any]) -> bool:
         try:
             await self.client._send(message)
@@ -148,7 +170,7 @@ class Utterance:
 
     async def _iterate(self) -> AsyncIterator[Audio | Event]:
         while not self._ended:
-            item = await self._inbox.get()
+            item = await self._next()
             if isinstance(item, BaseException):
                 self._ended = True
                 self.client._utterances.pop(self.ctx, None)
@@ -162,6 +184,27 @@ class Utterance:
                     self._ended = True
                     self.client._utterances.pop(self.ctx, None)
             yield item
+            if isinstance(item, Audio) and self._auto_progress:
+                # Asked for the next item: the application is done with this frame.
+                self._played += item.samples
+
+    async def _next(self) -> Audio | Event | BaseException:
+        """The next item; meanwhile, progress for what was taken. At most one report per
+        ``PROGRESS_INTERVAL``, as reports share the connection's message rate with the
+        text, but never one held back while waiting: the server may be waiting for it."""
+        while self._played > self._reported and self._active:
+            wait = self._reported_at + PROGRESS_INTERVAL - time.monotonic()
+            if wait <= 0:
+                self._reported_at = time.monotonic()
+                await self._report(self._played)
+                break
+            if not self._inbox.empty():
+                break  # busy: report after a later frame
+            try:
+                return await asyncio.wait_for(self._inbox.get(), wait)
+            except TimeoutError:
+                continue
+        return await self._inbox.get()
 
     async def collect(self) -> tuple[list[Audio], Event]:
         """Wait for the whole utterance: its audio frames and its final event."""
@@ -184,9 +227,14 @@ class Client:
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     _reader: asyncio.Task[None] | None = None
     _settings: dict[str, Any] = field(default_factory=dict)
+    report_progress: bool = True
+    """Report each utterance's frames as played once the application takes them, so the
+    server computes only a few seconds ahead of a slow consumer, behind any proxy."""
 
     @classmethod
-    async def connect(cls, url: str = DEFAULT_URL, **kwargs: Any) -> Client:
+    async def connect(cls, url: str = DEFAULT_URL, report_progress: bool = True, **kwargs: Any) -> Client:
+        """``report_progress=False``: send no playback progress (the server then paces the
+        connection by its queue and TCP alone, as before flow control)."""
         ws = await websockets.connect(url, max_size=None, **kwargs)
         try:
             hello = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -195,7 +243,7 @@ class Client:
         if hello.get("type") != "ready":
             await ws.close()
             raise ServerError(hello.get("code", "protocol"), hello.get("message", f"expected ready, got {hello!r}"))
-        client = cls(ws=ws, ready=hello)
+        client = cls(ws=ws, ready=hello, report_progress=report_progress)
         client._settings = dict(hello.get("defaults", {}))
         client._reader = asyncio.create_task(client._read())
         return client
@@ -234,6 +282,9 @@ class Client:
         self._utterances[ctx] = u
         u.sent_at = time.perf_counter()
         await self._send({"type": "speak", "ctx": ctx, "text": text, "final": final, **settings})
+        if self.report_progress:
+            # Nothing played yet: paced from the first step, not from the first report.
+            await u._report(0)
         return u
 
     async def next_error(self) -> Event:

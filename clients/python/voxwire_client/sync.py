@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from voxwire_client.client import DEFAULT_URL, Client
-from voxwire_client.formats import to_float32
+from voxwire_client.formats import COMPRESSED, to_float32
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,14 @@ class Result:
 
     @property
     def audio(self) -> np.ndarray:
+        """Decoded to float32 (a compressed format needs PyAV: the ``decode`` extra)."""
         return to_float32(self.data, self.format)
 
     @property
     def duration(self) -> float:
+        if self.format in COMPRESSED:
+            # The samples the server encoded: known without decoding.
+            return int(self.done.get("samples", 0)) / self.sample_rate
         return self.audio.shape[0] / self.sample_rate
 
 

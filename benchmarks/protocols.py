@@ -1,0 +1,345 @@
+"""One client per protocol, each measuring an utterance the same way.
+
+The URL picks the protocol:
+
+- ``ws://`` or ``wss://``: Voxwire's protocol v1;
+- ``http(s)://…/v1/audio/speech``: OpenAI-compatible streaming speech (pcm, wav or mp3);
+- ``tcp://host:port``: Wyoming (Home Assistant's voice protocol), streaming
+  ``synthesize-start/chunk/stop`` where the server offers it, else ``synthesize``;
+- any other ``http(s)://`` URL: Piper's HTTP server (``POST`` a JSON ``{"text": …}``,
+  one WAV back), at ``/synthesize`` when the URL has no path.
+
+Every client records when each piece of audio arrived and how long it plays, and
+:func:`benchmarks.loadgen.finish` turns that into the same figures for all of them. A
+server that answers with an error, or closes before the end of the utterance, gives a
+result with ``error`` set and no latency figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+from benchmarks import loadgen
+from benchmarks.loadgen import UtteranceResult
+
+KINDS = ("v1", "openai", "wyoming", "piper_http")
+OPENAI_RATE = 24000  # OpenAI's pcm: 24 kHz, 16-bit mono, little-endian
+WAV_HEADER = 44
+TIMEOUT_S = 30.0
+"""The longest wait for the next piece of an answer; a server silent for longer has failed."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server to measure, as a name in the report and a URL."""
+
+    name: str
+    url: str
+    fmt: str = "pcm"
+    """The OpenAI route's ``response_format``: pcm, wav or mp3."""
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.url)
+
+
+def kind_of(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme in ("ws", "wss"):
+        return "v1"
+    if parts.scheme == "tcp":
+        return "wyoming"
+    if parts.scheme in ("http", "https"):
+        return "openai" if parts.path.rstrip("/").endswith("/v1/audio/speech") else "piper_http"
+    raise ValueError(f"unsupported URL {url!r}: use ws://, wss://, tcp:// or http(s)://")
+
+
+class Session(Protocol):
+    """One listener's client: it speaks one text after another."""
+
+    async def speak(self, text: str) -> UtteranceResult: ...
+
+    async def close(self) -> None: ...
+
+
+def _failed(text: str, error: str, sent: float) -> UtteranceResult:
+    return UtteranceResult(words=len(text.split()), error=error, total_ms=(time.perf_counter() - sent) * 1000)
+
+
+def _error_name(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout"
+    return type(e).__name__
+
+
+class V1Session:
+    """Protocol v1: one WebSocket for the listener, reopened after a failure."""
+
+    def __init__(self, url: str, settings: dict[str, Any] | None = None) -> None:
+        self.url, self.settings, self.ws = url, settings or {}, None
+
+    async def speak(self, text: str) -> UtteranceResult:
+        sent = time.perf_counter()
+        try:
+            if self.ws is None:
+                self.ws = await loadgen.connect(self.url, None)
+            opened_ms = (time.perf_counter() - sent) * 1000
+            result = await loadgen.speak(self.ws, text, self.settings, timeout_s=TIMEOUT_S)
+        except Exception as e:  # a closed socket, a timeout: an error, never a figure
+            await self.close()
+            return _failed(text, _error_name(e), sent)
+        if result.error is not None:
+            await self.close()
+        # Like every other client here, timed from the moment it began to open its
+        # connection: a newcomer's handshake is part of what it waits for.
+        for name in ("ttfa_ms", "last_audio_ms", "total_ms", "sound_ms"):
+            setattr(result, name, getattr(result, name) + opened_ms)
+        return result
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            ws, self.ws = self.ws, None
+            await ws.close()
+
+
+class _HttpSession:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT_S, connect=10.0))
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class OpenAISession(_HttpSession):
+    """``POST /v1/audio/speech``, the body read as it arrives. It keeps the first body
+    byte, the first decodable audio (after a WAV header; for mp3, the first decoded frame)
+    and the last byte."""
+
+    def __init__(self, url: str, fmt: str = "pcm") -> None:
+        super().__init__(url)
+        if fmt not in ("pcm", "wav", "mp3"):
+            raise ValueError(f"response format {fmt!r}: pcm, wav or mp3")
+        self.fmt = fmt
+
+    async def speak(self, text: str) -> UtteranceResult:
+        body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": self.fmt}
+        decoder = _Mp3Decoder() if self.fmt == "mp3" else None
+        arrivals: list[float] = []
+        durations: list[float] = []
+        first_byte = float("nan")
+        skip = WAV_HEADER if self.fmt == "wav" else 0
+        odd = b""
+        sent = time.perf_counter()
+        try:
+            async with self.http.stream("POST", self.url, json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    return _failed(text, f"http_{r.status_code}", sent)
+                async for chunk in r.aiter_raw():
+                    now = time.perf_counter() - sent
+                    if not chunk:
+                        continue
+                    if first_byte != first_byte:
+                        first_byte = now * 1000
+                    if decoder is not None:
+                        seconds = decoder.feed(chunk)
+                    else:
+                        if skip:
+                            cut = min(skip, len(chunk))
+                            chunk, skip = chunk[cut:], skip - cut
+                        chunk, odd = odd + chunk, b""
+                        if len(chunk) % 2:
+                            chunk, odd = chunk[:-1], chunk[-1:]
+                        seconds = len(chunk) / 2 / OPENAI_RATE
+                    if seconds > 0:
+                        arrivals.append(now)
+                        durations.append(seconds)
+        except Exception as e:  # an unfinished chunked body: the server closed mid-stream
+            return _failed(text, _error_name(e), sent)
+        result = loadgen.finish(UtteranceResult(words=len(text.split())), arrivals, durations)
+        result.first_byte_ms = first_byte
+        result.total_ms = (time.perf_counter() - sent) * 1000
+        if decoder is not None and not decoder.decodes and first_byte == first_byte:
+            # No PyAV here: the earliest a client could play is the first byte.
+            result.ttfa_ms, result.server = first_byte, {"first_audio": "first byte (PyAV not installed)"}
+        return result if arrivals or result.server else _no_audio(result)
+
+
+class PiperHttpSession(_HttpSession):
+    """Piper's own HTTP server: the whole text is synthesised, then one WAV is sent."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        super().__init__(url if parts.path.strip("/") else url.rstrip("/") + "/synthesize")
+
+    async def speak(self, text: str) -> UtteranceResult:
+        arrivals: list[float] = []
+        durations: list[float] = []
+        first_byte = float("nan")
+        skip, rate = WAV_HEADER, 22050
+        sent = time.perf_counter()
+        try:
+            async with self.http.stream("POST", self.url, json={"text": text}) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    return _failed(text, f"http_{r.status_code}", sent)
+                async for chunk in r.aiter_raw():
+                    now = time.perf_counter() - sent
+                    if not chunk:
+                        continue
+                    if first_byte != first_byte:
+                        first_byte = now * 1000
+                        if chunk[:4] == b"RIFF" and len(chunk) >= 28:
+                            rate = int.from_bytes(chunk[24:28], "little")
+                    cut = min(skip, len(chunk))
+                    chunk, skip = chunk[cut:], skip - cut
+                    if chunk:
+                        arrivals.append(now)
+                        durations.append(len(chunk) / 2 / rate)
+        except Exception as e:
+            return _failed(text, _error_name(e), sent)
+        result = loadgen.finish(UtteranceResult(words=len(text.split())), arrivals, durations)
+        result.first_byte_ms = first_byte
+        result.total_ms = (time.perf_counter() - sent) * 1000
+        return result if arrivals else _no_audio(result)
+
+
+class WyomingSession:
+    """Wyoming over TCP, a connection per utterance as Home Assistant opens them. It
+    streams the text (``synthesize-start/chunk/stop``) when the server's ``describe``
+    says it can, else sends one ``synthesize``."""
+
+    def __init__(self, url: str, streaming: bool) -> None:
+        parts = urlsplit(url)
+        self.host, self.port, self.streaming = parts.hostname or "127.0.0.1", parts.port or 10200, streaming
+
+    async def speak(self, text: str) -> UtteranceResult:
+        from wyoming.audio import AudioChunk, AudioStop
+        from wyoming.client import AsyncTcpClient
+        from wyoming.error import Error
+        from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+
+        arrivals: list[float] = []
+        durations: list[float] = []
+        sent = time.perf_counter()
+        try:
+            async with AsyncTcpClient(self.host, self.port) as client:
+                if self.streaming:
+                    await client.write_event(SynthesizeStart().event())
+                    await client.write_event(SynthesizeChunk(text=text).event())
+                    await client.write_event(SynthesizeStop().event())
+                else:
+                    await client.write_event(Synthesize(text=text).event())
+                while True:
+                    event = await asyncio.wait_for(client.read_event(), TIMEOUT_S)
+                    now = time.perf_counter() - sent
+                    if event is None:
+                        return _failed(text, "closed", sent)
+                    if Error.is_type(event.type):
+                        return _failed(text, Error.from_event(event).code or "error", sent)
+                    if AudioChunk.is_type(event.type):
+                        chunk = AudioChunk.from_event(event)
+                        if chunk.audio:
+                            arrivals.append(now)
+                            durations.append(len(chunk.audio) / (chunk.width * chunk.channels) / chunk.rate)
+                    elif self.streaming and SynthesizeStopped.is_type(event.type):
+                        break
+                    elif not self.streaming and AudioStop.is_type(event.type):
+                        break
+        except Exception as e:
+            return _failed(text, _error_name(e), sent)
+        result = loadgen.finish(UtteranceResult(words=len(text.split())), arrivals, durations)
+        result.total_ms = (time.perf_counter() - sent) * 1000
+        return result if arrivals else _no_audio(result)
+
+    async def close(self) -> None:
+        pass
+
+
+def _no_audio(result: UtteranceResult) -> UtteranceResult:
+    result.error = "no_audio"
+    result.ttfa_ms = float("nan")
+    return result
+
+
+async def wyoming_streams(url: str) -> bool:
+    """Whether a Wyoming server's ``describe`` says it takes streamed text."""
+    from wyoming.client import AsyncTcpClient
+    from wyoming.info import Describe, Info
+
+    parts = urlsplit(url)
+    async with AsyncTcpClient(parts.hostname or "127.0.0.1", parts.port or 10200) as client:
+        await client.write_event(Describe().event())
+        while True:
+            event = await asyncio.wait_for(client.read_event(), 30)
+            if event is None:
+                raise ConnectionError(f"{url} closed before describing itself")
+            if Info.is_type(event.type):
+                info = Info.from_event(event)
+                return any(t.supports_synthesize_streaming for t in info.tts)
+
+
+class Opener:
+    """Opens sessions on a target; for Wyoming it asks the server once whether it streams."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._streaming: bool | None = None
+
+    async def prepare(self) -> None:
+        if self.target.kind == "wyoming" and self._streaming is None:
+            try:
+                self._streaming = await wyoming_streams(self.target.url)
+            except (OSError, asyncio.TimeoutError, ConnectionError):
+                # No description: plain `synthesize`, which every Wyoming TTS server
+                # takes; if the server is not there at all, each utterance says so.
+                self._streaming = False
+
+    @property
+    def details(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.target.kind, "url": self.target.url}
+        if self.target.kind == "openai":
+            out["format"] = self.target.fmt
+        if self.target.kind == "wyoming":
+            out["streaming"] = self._streaming
+        return out
+
+    def session(self) -> Session:
+        kind, url = self.target.kind, self.target.url
+        if kind == "v1":
+            return V1Session(url)
+        if kind == "openai":
+            return OpenAISession(url, self.target.fmt)
+        if kind == "wyoming":
+            return WyomingSession(url, bool(self._streaming))
+        return PiperHttpSession(url)
+
+
+class _Mp3Decoder:
+    """Decodes an mp3 body as it arrives with PyAV, when PyAV is installed, so that "first
+    audio" is the first decodable frame rather than the first byte."""
+
+    def __init__(self) -> None:
+        try:
+            import av  # noqa: F401
+        except ImportError:
+            self.decodes = False
+            return
+        self.decodes = True
+        self.codec = av.CodecContext.create("mp3", "r")
+
+    def feed(self, data: bytes) -> float:
+        if not self.decodes:
+            return 0.0
+        seconds = 0.0
+        for packet in self.codec.parse(data):
+            for frame in self.codec.decode(packet):
+                seconds += frame.samples / frame.sample_rate
+        return seconds

@@ -1,0 +1,202 @@
+"""benchmarks/README.md's tables, generated from the stored JSON results.
+
+Each table in the README sits between two markers that name the table and its result:
+
+    <!-- table: soak results/soak/soak.json -->
+    | … |
+    <!-- /table -->
+
+``python -m benchmarks.tables`` rewrites every such table from its JSON; ``--check``
+only reports the tables that differ (tests/benchmarks/test_tables.py runs it), and the
+test also checks that no table in the README lies outside a marker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from benchmarks import report
+
+HERE = Path(__file__).resolve().parent
+README = HERE / "README.md"
+BLOCK = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def piper_rtf(r: dict[str, Any]) -> list[str]:
+    lines = [
+        "| engine | audio s | compute s | RTF | vs onnxruntime |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in r["rtf"]:
+        lines.append(
+            f"| {row['engine']} | {row['audio_s']:.2f} | {row['compute_s']:.3f} | {row['rtf']:.4f} | "
+            f"{row['vs_onnxruntime']:.2f}× |"
+        )
+    return lines
+
+
+def piper_latency(r: dict[str, Any]) -> list[str]:
+    lines = [
+        "| words | phoneme ids | onnxruntime, whole sentence | `stream_chunks` first piece | ratio to 3 words | "
+        "`infer_prior` alone | `infer_prior` GFLOP | ratio floor on this CPU |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in r["latency"]["rows"]:
+        lines.append(
+            f"| {row['words']} | {row['phoneme_ids']} | {row['ort_whole_ms']:.1f} ms | {row['stream_ms']:.1f} ms | "
+            f"{row['ratio_stream']:.2f}× | {row['prior_ms']:.1f} ms | {row['prior_gflop']:.2f} | "
+            f"{row['ratio_floor']:.2f}× |"
+        )
+    return lines
+
+
+def soak(r: dict[str, Any]) -> list[str]:
+    base, final = r["baseline"], r["final"]
+    return [
+        "| clients | seconds | started | served | cancelled | vanished | unexpected | RSS start → end (peak) | "
+        "threads | file descriptors | event-loop tasks | leaks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {r['clients']} | {r['duration_s']:g} | {r['started']} | {r['served']} | {r['cancels']} | "
+        f"{r['disconnects']} | {len(r['unexpected'])} | {base['rss_mb']:.0f} → {final['rss_mb']:.0f} MB "
+        f"({r['peak_rss_mb']:.0f}) | {base['threads']} → {final['threads']} | {base['fds']} → {final['fds']} | "
+        f"{base['tasks']} → {final['tasks']} | {', '.join(r['leaks']) or 'none'} |",
+    ]
+
+
+def workers(r: dict[str, Any]) -> list[str]:
+    lines = [
+        "| round | workers 1: wall, audio s/s, p95 TTFA | workers 2: wall, audio s/s, p95 TTFA | throughput 2 ÷ 1 |",
+        "|---|---|---|---|",
+    ]
+    for i, (one, two) in enumerate(r["rounds"], 1):
+        cell = lambda w: f"{w['wall_s']:.2f} s, {w['audio_s_per_s']:.2f}, {w['ttfa_ms']['p95']:.0f} ms"  # noqa: E731
+        lines.append(f"| {i} | {cell(one)} | {cell(two)} | {two['audio_s_per_s'] / one['audio_s_per_s']:.2f} |")
+    return lines
+
+
+def rates(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"| output | TTFA median ({r['args']['rounds']} rounds) | × native |",
+        "|---|---|---|",
+    ]
+    for name, row in r["ttfa"].items():
+        lines.append(f"| {name} | {row['median_ms']:.1f} ms | {row['ratio_to_native']:.2f} |")
+    return lines
+
+
+def ray_proxy(r: dict[str, Any]) -> list[str]:
+    """One run of benchmarks/ray_proxy.py: TTFA, stalled readers, sockets held."""
+    t = r["ttfa_ms"]
+    lines = [
+        "| measure | direct (uvicorn) | through Ray's proxy |",
+        "|---|---|---|",
+        f"| TTFA median, {len(t['direct']['all'])} rounds | {t['direct']['median']:.1f} ms | "
+        f"{t['ray']['median']:.1f} ms ({r['ttfa_ratio_ray_over_direct']:.2f}×) |",
+    ]
+    for mode, s in r["stalled"].items():
+        for key in (k for k in s if k.startswith("per_reader_mb_at_")):
+            at = key.removeprefix("per_reader_mb_at_")
+            computed = s.get(f"computed_s_per_reader_at_{at}")
+            cell = f"{s[key]:.2f} MB" + (f", {computed:.2f} s computed" if computed is not None else "")
+            side = f"| {cell} | |" if mode.startswith("direct") else f"| | {cell} |"
+            label = "with progress" if s["progress"] else "without progress"
+            lines.append(f"| stalled readers {label} ({s['readers']}), per reader at {at} {side}")
+    held = r.get("held_one_replica")
+    if held:
+        lines.append(
+            f"| sockets held on one replica | | {held['held']}, all ready; {held['speaking_at_once']} speaking "
+            f"at once, slowest {held['slowest_utterance_s']:.1f} s |"
+        )
+    return lines
+
+
+RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "bench-headline": report.headline_table,
+    "bench-servers": report.comparison_table,
+    "bench-staggered": lambda r: report.load_table(r, "staggered"),
+    "bench-burst": lambda r: report.load_table(r, "burst"),
+    "bench-length": report.length_table,
+    "piper-rtf": piper_rtf,
+    "piper-latency": piper_latency,
+    "soak": soak,
+    "workers": workers,
+    "rates": rates,
+    "ray_proxy": ray_proxy,
+}
+
+
+def render(name: str, path: str, base: Path = HERE) -> str:
+    result = json.loads((base / path).read_text())
+    return "\n".join(RENDER[name](result)) + "\n"
+
+
+def regenerate(text: str, base: Path = HERE) -> tuple[str, list[str]]:
+    """The README with every table rendered afresh, and the names of those that changed."""
+    changed: list[str] = []
+
+    def one(m: re.Match[str]) -> str:
+        fresh = render(m.group(2), m.group(3), base)
+        if fresh != m.group(4):
+            changed.append(f"{m.group(2)} ({m.group(3)})")
+        return m.group(1) + fresh + m.group(5)
+
+    return BLOCK.sub(one, text), changed
+
+
+CONSOLE = re.compile(r"<!-- console: (\S+) -->\n.*?<!-- /console -->", re.S)
+"""Tables copied from a benchmark's console output before its results were stored: each
+names the script whose ``--out`` run will replace it. tests/benchmarks/test_tables.py
+pins the list, so that no new one is added."""
+
+
+def console_tables(text: str) -> list[str]:
+    return CONSOLE.findall(text)
+
+
+def sections(text: str) -> dict[str, str]:
+    """The README's ``## `` sections by heading (the text before the first: "")."""
+    out: dict[str, str] = {}
+    heading = ""
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            heading = line[3:].strip()
+        out[heading] = out.get(heading, "") + line
+    return out
+
+
+def loose_tables(text: str) -> list[str]:
+    """Table lines that no marker covers: tables typed in by hand."""
+    covered = CONSOLE.sub("", BLOCK.sub("", text))
+    return [line for line in covered.splitlines() if line.startswith("|")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="report stale tables, change nothing")
+    args = p.parse_args(argv)
+    text = README.read_text()
+    fresh, changed = regenerate(text)
+    loose = loose_tables(text)
+    for line in loose:
+        print(f"not generated: {line}", file=sys.stderr)
+    if args.check:
+        for name in changed:
+            print(f"stale: {name}", file=sys.stderr)
+        return 1 if changed or loose else 0
+    README.write_text(fresh)
+    for name in changed:
+        print(f"regenerated: {name}")
+    return 1 if loose else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

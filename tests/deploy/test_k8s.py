@@ -1,0 +1,90 @@
+"""deploy/k8s/rayservice.yaml and deploy/ray/*.yaml, checked statically (no cluster here).
+
+kubernetes-validate knows Kubernetes' own kinds, not KubeRay's: the standard objects are
+validated whole, the RayService's pod templates as PodTemplates, and its Serve config by
+Ray Serve's own schema, the one `serve deploy` applies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+pytest.importorskip("ray", reason="the ray extra (make test installs it)")
+from ray.serve.schema import ServeDeploySchema  # noqa: E402
+
+from server.ray_app import replica_config  # noqa: E402
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+K8S = kubernetes_validate.latest_version()
+
+
+def rayservice() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "rayservice.yaml").read_text()) if d]
+    (service,) = [d for d in docs if d["kind"] == "RayService"]
+    return [d for d in docs if d is not service], service
+
+
+def pod_templates(service: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = service["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+
+
+def as_pod_template(template: dict[str, Any], name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template}
+
+
+def serve_configs() -> dict[str, dict[str, Any]]:
+    _, service = rayservice()
+    configs = {"rayservice.yaml": yaml.safe_load(service["spec"]["serveConfigV2"])}
+    for path in sorted((DEPLOY / "ray").glob("*.yaml")):
+        configs[path.name] = yaml.safe_load(path.read_text())
+    return configs
+
+
+def test_the_standard_objects_and_the_pod_templates_are_valid_kubernetes():
+    others, service = rayservice()
+    assert service["apiVersion"] == "ray.io/v1"
+    for doc in others:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+    templates = pod_templates(service)
+    assert len(templates) == 3  # head, CPU workers, GPU workers
+    for i, template in enumerate(templates):
+        kubernetes_validate.validate(as_pod_template(template, f"t{i}"), K8S, strict=True)
+
+
+def test_the_validator_does_catch_a_broken_template():
+    _, service = rayservice()
+    template = pod_templates(service)[1]
+    broken = {**template, "spec": {**template["spec"], "terminationGracePeriodSeconds": "sixty"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(as_pod_template(broken, "broken"), K8S, strict=True)
+
+
+@pytest.mark.parametrize("name", sorted(serve_configs()))
+def test_each_serve_config_is_valid_and_its_voxwire_settings_load(name):
+    config = serve_configs()[name]
+    ServeDeploySchema.model_validate(config)
+    # A request timeout would cut long sockets.
+    assert config["http_options"].get("request_timeout_s") is None
+    for app in config["applications"]:
+        assert app["import_path"] == "server.ray_app:build"
+        settings = replica_config(app["args"]["settings"], env={})
+        (deployment,) = app["deployments"]
+        assert deployment["graceful_shutdown_timeout_s"] > settings.drain_seconds
+        assert deployment["autoscaling_config"]["target_ongoing_requests"] <= deployment["max_ongoing_requests"]
+
+
+def test_pods_outlive_the_replicas_drain():
+    _, service = rayservice()
+    longest = max(
+        d["graceful_shutdown_timeout_s"]
+        for app in yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+        for d in app["deployments"]
+    )
+    for template in pod_templates(service)[1:]:
+        assert template["spec"]["terminationGracePeriodSeconds"] > longest
