@@ -43,6 +43,10 @@ class SynthesisParams:
     speed: float = 1.0
     timestamps: bool = False
     """Ask for WordTimings (engines that have alignments; it may cost a little time)."""
+    fast_start: bool | None = None
+    """A sooner first chunk at some cost in fidelity, for engines that have that choice
+    (CosyVoice2's trimmed flow prompt); None: the voice's own default, else the engine's.
+    Engines without the choice (Piper) ignore it."""
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,11 @@ class Speech:
         self.stream = FrameStream(engine_rate, request.settings, capture)
         self._engine_rate = engine_rate
         self._steps_at_first_frame: int | None = None
+        # Once the queue has given Finished, a flush can no longer go through it: the
+        # events answer it themselves before Done, or, once Done is out, the door does.
+        self._finishing = False
+        self._flush_at_end = False
+        self._sent_all = False
 
     # -- the door's side ------------------------------------------------------------------
 
@@ -271,19 +276,31 @@ class Speech:
         self._text.append(text)
         self._source.feed(text, final)
 
-    def flush(self) -> None:
-        self._source.flush()
+    def flush(self) -> bool:
+        """Ask for a FlushedEvent once the audio of the text so far is out: False when all
+        of it already is (the events have reached Done), and the door answers at once."""
+        if self._sent_all:
+            return False
+        if self._finishing:
+            self._flush_at_end = True
+        else:
+            self._source.flush()
+        return True
 
     async def events(self) -> AsyncIterator[Event]:
         """What the client is sent, in order, up to and including Done or FailedEvent."""
         while True:
             item = await self._source.queue.get()
+            self._finishing = isinstance(item, Finished)
             for event in self.stream.receive(item):
                 if isinstance(event, AudioFrame) and self.first_frame_at is None:
                     self.first_frame_at = time.monotonic()
                     self._steps_at_first_frame = self._source.steps
                 yield event
             if isinstance(item, Finished):
+                if self._flush_at_end:
+                    yield FlushedEvent()
+                self._sent_all = True
                 yield Done(self.figures())
                 return
             if isinstance(item, Failed):
@@ -441,7 +458,9 @@ class Pipeline:
             return speech
         try:
             utterance = worker.submit(
-                SynthesisParams(voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps),
+                SynthesisParams(
+                    voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps, fast_start=settings.fast_start
+                ),
                 asyncio.get_running_loop(),
             )
         except EngineError as e:

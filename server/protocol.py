@@ -40,6 +40,9 @@ class StreamSettings:
     chunk_ms: int = 200
     speed: float = 1.0
     timestamps: bool = False
+    fast_start: bool | None = None
+    """CosyVoice2's sooner first chunk (a trimmed voice prompt); None: the voice's default,
+    else the server's. Engines without that choice ignore it."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -199,6 +202,12 @@ def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(obj["timestamps"], bool):
             raise ProtocolError("invalid_field", "\"timestamps\" must be true or false")
         out["timestamps"] = obj["timestamps"]
+    if "fast_start" in obj:
+        # null is a choice too: back to the voice's (or the server's) default for one
+        # utterance of a session whose config chose otherwise.
+        if obj["fast_start"] is not None and not isinstance(obj["fast_start"], bool):
+            raise ProtocolError("invalid_field", "\"fast_start\" must be true, false or null")
+        out["fast_start"] = obj["fast_start"]
     return out
 
 

@@ -189,12 +189,10 @@ class Session:
         return None
 
     async def _flush(self, ctx: str) -> None:
-        if ctx in self._ended:
-            # It ended while the flush was on its way: all its audio was sent, which is
-            # what flushed says.
+        # Ended, or ending, while the flush was on its way: all its audio was sent, which
+        # is what flushed says.
+        if ctx in self._ended or not self._get(ctx).speech.flush():
             await self._send(protocol.event("flushed", ctx=ctx))
-            return
-        self._get(ctx).speech.flush()
 
     async def _cancel(self, ctx: str) -> None:
         voicing = self._live.get(ctx)
@@ -302,8 +300,9 @@ class Session:
         """Seconds until this connection is idle (0 or less: it is), as protocol.md defines
         it: no message and nothing playing for the idle timeout, where playing lasts until
         the audio sent has been heard. Infinite while an utterance with all its text is
-        still being computed or sent."""
-        if any(v.speech.complete for v in self._live.values()):
+        still being computed or sent, or while one waits for text: that one ends first, with
+        its own idle_timeout error, so the close never overtakes the error."""
+        if self._live:
             return math.inf
         quiet_since = max(self.last_message_at, self._playing_until)
         return quiet_since + self.limits.idle_timeout_seconds - now

@@ -1,7 +1,9 @@
 """``/v1/voices``: list voices, and register a cloned voice from reference audio.
 
 Uploads are decoded with libsndfile (soundfile: WAV, FLAC, OGG, MP3 and more), then handed
-to the engine on its own thread; engines that cannot clone say so (501).
+to the engine on its own thread; engines that cannot clone say so (501). A registration
+may carry the voice's default ``fast_start`` (CosyVoice2's sooner first chunk), which a
+request that does not choose then gets.
 """
 
 from __future__ import annotations
@@ -67,12 +69,22 @@ async def cannot_clone(request: Request, engine: Engine) -> Response:
     return error("voice_registration_unsupported", f"the {engine.name} engine cannot clone voices")
 
 
+def form_flag(value: object, field: str) -> bool | None:
+    """An optional true/false form field: None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise EngineError("bad_request", f"\"{field}\" must be true or false (or left out)")
+
+
 def list_voices(engine: Engine, default: str | None) -> JSONResponse:
     return JSONResponse({"voices": [v.to_dict() for v in engine.voices()], "default": default})
 
 
 async def register_voice(request: Request, worker: Worker, cache: ResultCache) -> Response:
-    """multipart/form-data: ``audio`` (a file), ``transcript`` (what it says), ``name``."""
+    """multipart/form-data: ``audio`` (a file), ``transcript`` (what it says), ``name``,
+    and optionally ``fast_start`` (``true`` or ``false``: the voice's default schedule)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_UPLOAD_BYTES:
         return error("upload_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
@@ -100,8 +112,11 @@ async def register_voice(request: Request, worker: Worker, cache: ResultCache) -
     if len(data) > MAX_UPLOAD_BYTES:
         return error("upload_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
     try:
+        fast_start = form_flag(form.get("fast_start"), "fast_start")
+        # Passed only when given: ``Engine.register_voice`` itself has no such argument.
+        options = {} if fast_start is None else {"fast_start": fast_start}
         audio, rate = decode_audio(data)
-        registered = await asyncio.wrap_future(worker.call(lambda e: e.register_voice(audio, rate, transcript, name)))
+        registered = await asyncio.wrap_future(worker.call(lambda e: e.register_voice(audio, rate, transcript, name, **options)))
     except EngineError as e:
         return error(e.code, e.message)
     voice = registered.voice

@@ -13,7 +13,7 @@ const now = () => globalThis.performance?.now() ?? Date.now();
 const SETTINGS = {
   voice: 'voice', format: 'format', speed: 'speed',
   sampleRate: 'sample_rate', sample_rate: 'sample_rate', chunkMs: 'chunk_ms', chunk_ms: 'chunk_ms',
-  timestamps: 'timestamps',
+  timestamps: 'timestamps', fastStart: 'fast_start', fast_start: 'fast_start',
 };
 
 const SUBPROTOCOL = 'voxwire.v1';
@@ -70,9 +70,10 @@ export class Voxwire extends Emitter {
   /**
    * @param {string} [url] the server's /v1/stream URL; default: this page's host.
    * @param {object} [opts] default stream settings for every utterance (voice, format,
-   *   sampleRate, chunkMs, speed); `token`, an API key for a server that wants one;
-   *   `reconnect` (true, or {minMs, maxMs}): reopen a lost connection by itself, with a
-   *   growing delay between attempts; and `WebSocket` (an implementation, outside browsers).
+   *   sampleRate, chunkMs, speed, timestamps, fastStart); `token`, an API key for a
+   *   server that wants one; `reconnect` (true, or {minMs, maxMs}): reopen a lost
+   *   connection by itself, with a growing delay between attempts; and `WebSocket` (an
+   *   implementation, outside browsers).
    */
   constructor(url = defaultUrl(), opts = {}) {
     super();

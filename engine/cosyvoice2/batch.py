@@ -10,26 +10,32 @@ A step runs, in order:
    chunks and the LM prefill into a fresh slot (one prefill per newcomer: the
    prompts differ in length, and on the CPU padding them costs more than it saves);
 3. for each stream: sampling with its own ``torch.Generator`` (so a stream's tokens do
-   not depend on who it shares a batch with), then its flow chunk when one is ready;
-4. the vocoder windows of all streams that have one, batched where their shapes are
+   not depend on who it shares a batch with);
+4. the flow chunks of all streams that have one ready, batched where the chunks are
+   the same size (``flow.advance_batch``: one encoder call and one estimator call per
+   Euler step; each stream's caches, of its own length, padded and masked); a
+   segment's last, full-attention pass (``FlowStream.finish_full``) runs alone;
+5. the vocoder windows of all streams that have one, batched where their shapes are
    equal (the steady state: one chunk each), grouped otherwise.
 
-A failure in steps 2-4 is pinned on its stream: its slot gets the exception and the
-other streams carry on. Closing a stream frees its slot at once; nothing of it runs
-after that.
+A failure in steps 2-5 is pinned on its stream: its slot gets the exception and the
+other streams carry on. A batched flow or vocoder call that fails changes no stream,
+and its streams are run again one at a time, so only the faulty one fails. Closing a
+stream frees its slot at once; nothing of it runs after that.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..base import Step, Stream
-from .flow import FlowStream, cache_bound
+from .flow import FlowStream, advance_batch, cache_bound
 from .frontend import Prompt
 from .hift import OfficialVocoderStream, VocoderStream, Window, make_vocoder, render
 from .lm import token_bounds
@@ -48,6 +54,25 @@ class Plan:
     lo: int
     hi: int
     drop: int  # flow-prompt tokens trimmed (only under fast_start: see pipeline.Schedule)
+    fast_start: bool = False  # this stream's schedule: each request may choose its own
+
+
+@dataclass
+class FlowBatching:
+    """How the flow chunks ran (tests and benchmarks read it): the batched calls by
+    size, and the batched calls that failed and were run again one stream at a time."""
+
+    sizes: Counter[int] = field(default_factory=Counter)
+    fallbacks: int = 0
+
+
+@dataclass
+class Turn:
+    """One stream's share of a step after sampling, before its flow chunk runs."""
+
+    jobs: list[tuple[Tensor, bool]] = field(default_factory=list)  # mel for the vocoder: (mel, final)
+    chunk: bool = False  # a flow chunk is due (run in the step's flow batch)
+    end: bool = False  # the segment ends after that chunk (its final flow pass)
 
 
 class Segment:
@@ -128,17 +153,23 @@ class Batcher:
         self, models: Models, stats: Stats, first_chunk_tokens: int, fast_start: bool = False, seams: str = "official"
     ) -> None:
         self.models, self.stats, self.first_chunk = models, stats, first_chunk_tokens
-        self.fast_start, self.seams = fast_start, seams
+        self.fast_start, self.seams = fast_start, seams  # fast_start: only the default; each Plan has its own
         lm = models.lm
         param = lm.llm_decoder.weight
         self.pool = SlotPool(models.cfg.lm.qwen, param.device, param.dtype)
         self.kv_per_token = kv_bytes_per_token(models.cfg.lm.qwen, param.dtype)
         self.flow_dtype = models.flow.decoder.estimator.final_proj.weight.dtype
         self.device = models.flow.input_embedding.weight.device
+        self.flow_batching = FlowBatching()
 
     # ------------------------------------------------------------------ planning
 
-    def plan(self, prompt: Prompt, text_ids: list[int], min_tokens: int | None = None, max_tokens: int | None = None) -> Plan:
+    def plan(
+        self, prompt: Prompt, text_ids: list[int], min_tokens: int | None = None, max_tokens: int | None = None,
+        fast_start: bool | None = None,
+    ) -> Plan:
+        """``fast_start``: this segment's schedule; None takes the batcher's default."""
+        fast = self.fast_start if fast_start is None else fast_start
         cfg = self.models.cfg
         ratio = cfg.token_mel_ratio
         lo, hi = token_bounds(cfg.lm, len(text_ids))
@@ -147,12 +178,12 @@ class Batcher:
         # The fixed noise covers so many frames: bound the speech length by it.
         room = self.models.flow.decoder.noise.shape[2] // ratio - len(prompt.speech_tokens) - 1
         n_prefill = 1 + len(prompt.text_ids) + len(text_ids) + 1 + len(prompt.speech_tokens)
-        drop = self.schedule(prompt).drop
-        return Plan(list(text_ids), n_prefill, lo, min(hi, room), drop)
+        drop = self.schedule(prompt, fast).drop
+        return Plan(list(text_ids), n_prefill, lo, min(hi, room), drop, fast)
 
-    def schedule(self, prompt: Prompt) -> Schedule:
+    def schedule(self, prompt: Prompt, fast_start: bool) -> Schedule:
         cfg = self.models.cfg.flow
-        return Schedule(len(prompt.speech_tokens), cfg.encoder.static_chunk_size, cfg.pre_lookahead_len, self.fast_start, self.first_chunk)
+        return Schedule(len(prompt.speech_tokens), cfg.encoder.static_chunk_size, cfg.pre_lookahead_len, fast_start, self.first_chunk)
 
     def plan_bytes(self, prompt: Prompt, plan: Plan) -> int:
         """Device memory one segment holds at its largest: its KV slot at the most tokens
@@ -167,8 +198,11 @@ class Batcher:
         vocoder = OfficialVocoderStream if self.seams == "official" else VocoderStream
         return kv + flow + vocoder.state_bound(self.models.hift, chunk_frames)
 
-    def open(self, prompt: Prompt, pieces: list[list[int]], speed: float, seed: int, **bounds: int) -> CosyStream:
-        return CosyStream(self, prompt, [self.plan(prompt, ids, **bounds) for ids in pieces], speed, seed)
+    def open(
+        self, prompt: Prompt, pieces: list[list[int]], speed: float, seed: int, fast_start: bool | None = None, **bounds: int
+    ) -> CosyStream:
+        plans = [self.plan(prompt, ids, fast_start=fast_start, **bounds) for ids in pieces]
+        return CosyStream(self, prompt, plans, speed, seed)
 
     def release(self, stream: CosyStream) -> None:
         seg = stream.segment
@@ -187,14 +221,15 @@ class Batcher:
                 results[i] = RuntimeError("stepped a closed CosyVoice2 stream")
         logps = self._decode([(i, s) for i, s in enumerate(streams) if results[i] is None and s.segment is not None and s.segment.slot is not None])
         pieces: list[list[np.ndarray]] = [[] for _ in streams]
-        jobs: dict[int, list[tuple[Tensor, bool]]] = {}
+        turns: dict[int, Turn] = {}
         for i, s in enumerate(streams):
             if results[i] is not None:
                 continue
             try:
-                jobs[i] = self._advance(s, logps.get(i))
+                turns[i] = self._advance(s, logps.get(i))
             except Exception as e:  # this stream's failure; the others carry on
                 results[i] = e
+        jobs = self._flow(streams, turns, results)
         for round_ in range(2):  # a segment's last step may vocode a chunk, then the final window
             todo = {i: job[round_] for i, job in jobs.items() if len(job) > round_ and results[i] is None}
             for i, audio in self._vocode(streams, todo, results).items():
@@ -228,19 +263,19 @@ class Batcher:
             self.stats.utterances_started += 1
         plan = s.plans[s.next_plan]
         s.next_plan += 1
-        seg = Segment(self.models, s.prompt, plan, self.schedule(s.prompt), s.speed, s.generator, self.seams)
+        seg = Segment(self.models, s.prompt, plan, self.schedule(s.prompt, plan.fast_start), s.speed, s.generator, self.seams)
         s.segment = seg
         seg.flow.advance()  # the prompt's complete chunks, before the first LM step
         return seg
 
-    def _advance(self, s: CosyStream, logp: Tensor | None) -> list[tuple[Tensor, bool]]:
+    def _advance(self, s: CosyStream, logp: Tensor | None) -> Turn:
         """This stream's share of the step after the batched decode: prefill if it is new,
-        sample, flow. Returns the mel for the vocoder: (mel, final) in order."""
+        sample. Returns the mel for the vocoder so far, and whether a flow chunk is due."""
         seg = s.segment
         if logp is None:  # a newcomer, or the start of its next text segment
             seg = self._start(s)
             if seg.plan.hi <= 0:
-                return self._end_segment(s)
+                return Turn(self._end_segment(s))
             seg.slot = self.pool.acquire(seg.plan.n_prefill + seg.plan.hi + 1)
             logp = self.models.lm.batch_logprobs(seg.prefill, self.pool.batch([seg.slot], [0]))[0]
             seg.length = seg.plan.n_prefill
@@ -251,18 +286,57 @@ class Batcher:
             forbid_stop(logp, eos_id(size))
         token = seg.sampler.sample(logp, seg.history)
         if is_stop(token, size):
-            return self._end_segment(s)
+            return Turn(self._end_segment(s))
         seg.history.append(token)
         s.tokens.append(token)
         seg.next_embed = self.models.lm.token_embed(token)
         seg.flow.push([token])
-        mel = seg.flow.advance() if seg.schedule.due(len(seg.history)) else None
-        jobs: list[tuple[Tensor, bool]] = []
-        if mel is not None and mel.shape[2]:
-            self.stats.flow_chunks += 1
-            jobs.append((seg.stretch(mel), False))
-        if len(seg.history) >= seg.plan.hi:
-            jobs += self._end_segment(s)
+        end = len(seg.history) >= seg.plan.hi
+        if seg.schedule.due(len(seg.history)):
+            return Turn(chunk=True, end=end)
+        return Turn(self._end_segment(s) if end else [])
+
+    def _flow(
+        self, streams: Sequence[CosyStream], turns: dict[int, Turn], results: list[Step | Exception | None]
+    ) -> dict[int, list[tuple[Tensor, bool]]]:
+        """Run the due flow chunks, batching those of the same size; then the final pass
+        of the segments that end. Returns each stream's mel for the vocoder, in order."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, turn in turns.items():
+            pending = streams[i].segment.flow.pending() if turn.chunk else (0, 0)  # type: ignore[union-attr]
+            if pending[0] > 0:  # (under fast_start a due stream may have no whole chunk yet)
+                groups.setdefault(pending, []).append(i)
+        mels: dict[int, Tensor] = {}
+        for members in groups.values():
+            flows = [streams[i].segment.flow for i in members]  # type: ignore[union-attr]
+            if len(members) > 1:
+                try:
+                    mels.update(zip(members, advance_batch(flows)))
+                    self.flow_batching.sizes[len(members)] += 1
+                    continue
+                except Exception:  # it changed no stream: run them one by one to find the faulty one
+                    self.flow_batching.fallbacks += 1
+            for i, flow in zip(members, flows):
+                try:
+                    mels[i] = flow.advance()
+                except Exception as e:
+                    results[i] = e
+        jobs: dict[int, list[tuple[Tensor, bool]]] = {}
+        for i, turn in turns.items():
+            if results[i] is not None:
+                continue
+            jobs[i] = turn.jobs
+            seg = streams[i].segment
+            mel = mels.get(i)
+            try:
+                if mel is not None and mel.shape[2]:
+                    assert seg is not None
+                    self.stats.flow_chunks += 1
+                    jobs[i].append((seg.stretch(mel), False))
+                if turn.end:
+                    jobs[i] += self._end_segment(streams[i])
+            except Exception as e:
+                results[i] = e
         return jobs
 
     def _end_segment(self, s: CosyStream) -> list[tuple[Tensor, bool]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -43,3 +45,45 @@ class TimeCache:
 
     def nbytes(self) -> int:
         return 0 if self.buf is None else self.buf.numel() * self.buf.element_size()
+
+    def truncate(self, length: int) -> None:
+        """Forget everything past ``length`` (undoes appends: they never touch what is held)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} to {length}")
+        self.length = length
+
+
+def append_rows(caches: Sequence[TimeCache], x: Tensor) -> tuple[Tensor, list[int] | None]:
+    """Append ``x`` to several streams' caches at once: cache ``i`` gets the ``i``-th of
+    ``len(caches)`` equal row blocks of ``x``. Returns everything the caches hold,
+    stacked row-wise in that order, and each cache's length along the time dimension
+    where they differ (None where they do not: nothing is padded).
+
+    One cache: its own view. Several of equal length: stacked. Otherwise the shorter
+    ones are zero-padded at the end to the longest, and the lengths say which keys are
+    real; the padding is zeros, not garbage, so a masked key (weight exactly 0) cannot
+    bring a NaN in.
+    """
+    if len(caches) == 1:
+        return caches[0].append(x), None
+    rows = x.shape[0] // len(caches)
+    if rows * len(caches) != x.shape[0]:
+        raise ValueError(f"{x.shape[0]} rows do not split over {len(caches)} caches")
+    held = [c.append(part) for c, part in zip(caches, x.split(rows))]
+    dim = caches[0].dim
+    lengths = [h.shape[dim] for h in held]
+    if len(set(lengths)) == 1:
+        return torch.cat(held), None
+    shape = list(held[0].shape)
+    shape[0], shape[dim] = x.shape[0], max(lengths)
+    out = x.new_zeros(shape)
+    for i, h in enumerate(held):
+        out.narrow(0, i * rows, rows).narrow(dim, 0, h.shape[dim]).copy_(h)
+    return out, lengths
+
+
+def split_tail(tail: Tensor, parts: int) -> list[Tensor]:
+    """A batched conv tail (the last frames of its input), one block of rows per stream.
+    Copied first: a view would keep the whole input of the convolution alive as long
+    as a stream holds its tail (megabytes per layer at full size, for a few frames)."""
+    return list(tail.clone().chunk(parts)) if parts > 1 else [tail.clone()]

@@ -9,29 +9,43 @@ and attention within a chunk. So a *complete* chunk, once its 3 lookahead tokens
 exist, never changes again: ``forward_chunk`` computes only the new chunk's
 positions, reading the earlier ones from per-layer key/value caches and the
 convolutions' left context from small tails. A single call over a whole sequence
-with a fresh state is the reference's one-shot ``forward``.
+with a fresh state is the reference's one-shot ``forward``. ``forward_chunks`` does
+the same for several streams in one batch, each at its own position: their caches,
+of different lengths, are zero-padded and the padding masked out.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import TimeCache
+from .cache import TimeCache, append_rows, split_tail
 from .model_config import EncoderConfig
 
 
-def chunk_mask(q_start: int, n_q: int, n_k: int, chunk: int | None, device: torch.device) -> Tensor | None:
-    """Boolean (n_q, n_k) mask: a position sees every key up to the end of its own chunk."""
-    if not chunk:
+def attention_mask(starts: Tensor, n_q: int, n_k: int, chunk: int | None, lengths: Tensor | None) -> Tensor | None:
+    """Boolean (R, n_q, n_k) mask, or None where every key is visible.
+
+    Row ``r``'s queries sit at positions ``starts[r] + i``; each sees every key up to the
+    end of its own chunk (``chunk``; None is full attention) and, in a padded batch, only
+    the first ``lengths[r]`` keys (the rest are padding).
+    """
+    if not chunk and lengths is None:
         return None
-    qi = torch.arange(q_start, q_start + n_q, device=device)
-    limit = (torch.div(qi, chunk, rounding_mode="floor") + 1) * chunk
-    return torch.arange(n_k, device=device).unsqueeze(0) < limit.unsqueeze(1)
+    keys = torch.arange(n_k, device=starts.device)
+    mask = torch.ones(starts.shape[0], n_q, n_k, dtype=torch.bool, device=starts.device)
+    if chunk:
+        qi = starts.unsqueeze(1) + torch.arange(n_q, device=starts.device)
+        limit = (torch.div(qi, chunk, rounding_mode="floor") + 1) * chunk
+        mask &= keys < limit.unsqueeze(2)
+    if lengths is not None:
+        mask &= keys < lengths.view(-1, 1, 1)
+    return mask
 
 
 def relative_positions(r: Tensor, d_model: int) -> Tensor:
@@ -60,26 +74,33 @@ class RelPositionAttention(nn.Module):
         self.pos_bias_u = nn.Parameter(torch.zeros(self.h, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(self.h, self.d_k))
 
-    def forward(self, x: Tensor, q_start: int, k_cache: TimeCache, v_cache: TimeCache, chunk: int | None) -> Tensor:
+    def forward(
+        self, x: Tensor, starts: Tensor, k_caches: Sequence[TimeCache], v_caches: Sequence[TimeCache], chunk: int | None
+    ) -> Tensor:
+        """x: (B, n, D), row b a stream whose new positions start at ``starts[b]``, with
+        its own caches ``k_caches[b]``/``v_caches[b]`` (padded and masked when they differ)."""
         b, n, _ = x.shape
         q = self.linear_q(x).view(b, n, self.h, self.d_k)
-        k = k_cache.append(self.linear_k(x).view(b, n, self.h, self.d_k).transpose(1, 2))
-        v = v_cache.append(self.linear_v(x).view(b, n, self.h, self.d_k).transpose(1, 2))
-        e = k.shape[2]  # keys: every position so far, [0, q_start + n)
-        # Offsets i - j run from e-1 (first key, last query) down to -(n-1).
+        k, held = append_rows(k_caches, self.linear_k(x).view(b, n, self.h, self.d_k).transpose(1, 2))
+        v, _ = append_rows(v_caches, self.linear_v(x).view(b, n, self.h, self.d_k).transpose(1, 2))
+        e = k.shape[2]  # keys: every position so far of the longest row
+        # Offsets i - j run from e-1 (first key, last query of the longest row) down to -(n-1).
         offsets = torch.arange(e - 1, -n, -1, device=x.device)
         p = self.linear_pos(relative_positions(offsets, self.h * self.d_k).to(x.dtype))
         p = p.view(1, -1, self.h, self.d_k).transpose(1, 2)
         ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))
         bd_all = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1))
-        qi = torch.arange(q_start, q_start + n, device=x.device).unsqueeze(1)
-        kj = torch.arange(e, device=x.device).unsqueeze(0)
-        index = (e - 1) - (qi - kj)  # column of offset (qi - kj) in bd_all
-        bd = bd_all.gather(-1, index.expand(b, self.h, n, e))
+        qi = starts.view(-1, 1, 1) + torch.arange(n, device=x.device).view(1, -1, 1)
+        kj = torch.arange(e, device=x.device).view(1, 1, -1)
+        # Column of offset (qi - kj) in bd_all; a shorter row's padded keys fall off the
+        # end, so clamp them in range: the mask drops them anyway.
+        index = ((e - 1) - (qi - kj)).clamp(0, e + n - 2)
+        bd = bd_all.gather(-1, index.unsqueeze(1).expand(b, self.h, n, e))
         scores = (ac + bd) / math.sqrt(self.d_k)
-        mask = chunk_mask(q_start, n, e, chunk, x.device)
+        lengths = None if held is None else torch.tensor(held, device=x.device)
+        mask = attention_mask(starts, n, e, chunk, lengths)
         if mask is not None:
-            scores = scores.masked_fill(~mask, -float("inf"))
+            scores = scores.masked_fill(~mask.unsqueeze(1), -float("inf"))
         attn = torch.softmax(scores, dim=-1)
         out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
         return self.linear_out(out)
@@ -106,8 +127,8 @@ class ConformerLayer(nn.Module):
         self.norm_ff = nn.LayerNorm(d, eps=1e-12)
         self.norm_mha = nn.LayerNorm(d, eps=1e-12)
 
-    def forward(self, x: Tensor, q_start: int, kv: tuple[TimeCache, TimeCache], chunk: int | None) -> Tensor:
-        x = x + self.self_attn(self.norm_mha(x), q_start, kv[0], kv[1], chunk)
+    def forward(self, x: Tensor, starts: Tensor, kv: Sequence[tuple[TimeCache, TimeCache]], chunk: int | None) -> Tensor:
+        x = x + self.self_attn(self.norm_mha(x), starts, [k for k, _ in kv], [v for _, v in kv], chunk)
         return x + self.feed_forward(self.norm_ff(x))
 
 
@@ -170,6 +191,20 @@ class EncoderState:
     def nbytes(self) -> int:
         return sum(k.nbytes() + v.nbytes() for k, v in self.kv + self.up_kv)
 
+    def mark(self) -> Callable[[], None]:
+        """A function that puts this state back as it is now (a failed batched call's undo:
+        caches only append and tails are replaced, never written in place)."""
+        done, tails = self.done, (self.lookahead_tail, self.up_tail)
+        lengths = [(k.length, v.length) for k, v in self.kv + self.up_kv]
+
+        def restore() -> None:
+            self.done, (self.lookahead_tail, self.up_tail) = done, tails
+            for (k, v), (nk, nv) in zip(self.kv + self.up_kv, lengths):
+                k.truncate(nk)
+                v.truncate(nv)
+
+        return restore
+
 
 class UpsampleConformerEncoder(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
@@ -211,16 +246,34 @@ class UpsampleConformerEncoder(nn.Module):
         tokens that follow, or fewer/none at the end of speech. ``streaming`` selects
         the chunk mask (the reference's ``streaming=True``) over full attention.
         """
+        return self.forward_chunks(xs, ahead, [state], streaming)
+
+    def forward_chunks(self, xs: Tensor, ahead: Tensor, states: Sequence[EncoderState], streaming: bool = True) -> Tensor:
+        """``forward_chunk`` for several streams at once: row b of ``xs``/``ahead`` is
+        ``states[b]``'s next n positions, wherever that stream is. Caches of different
+        lengths are padded and masked (see ``append_rows``); each state gets its own part."""
+        if len(states) > 1 and xs.shape[0] != len(states):
+            raise ValueError(f"{xs.shape[0]} rows for {len(states)} encoder states")
         chunk = self.cfg.static_chunk_size if streaming else None
-        start = state.done
+        starts = torch.tensor([st.done for st in states], device=xs.device)
         x = self.embed(xs)
-        x, state.lookahead_tail = self.pre_lookahead_layer(x, self.embed(ahead), state.lookahead_tail)
-        for layer, kv in zip(self.encoders, state.kv):
-            x = layer(x, start, kv, chunk)
-        up, state.up_tail = self.up_layer(x.transpose(1, 2), state.up_tail)
+        tail = torch.cat([st.lookahead_tail for st in states])  # type: ignore[misc]
+        x, tail = self.pre_lookahead_layer(x, self.embed(ahead), tail)
+        _give_rows(states, "lookahead_tail", tail)
+        for i, layer in enumerate(self.encoders):
+            x = layer(x, starts, [st.kv[i] for st in states], chunk)
+        up, tail = self.up_layer(x.transpose(1, 2), torch.cat([st.up_tail for st in states]))  # type: ignore[misc]
+        _give_rows(states, "up_tail", tail)
         x = self.up_embed(up.transpose(1, 2))
         s = self.cfg.upsample_stride
-        for layer, kv in zip(self.up_encoders, state.up_kv):
-            x = layer(x, start * s, kv, chunk * s if chunk else None)
-        state.done = start + xs.shape[1]
+        for i, layer in enumerate(self.up_encoders):
+            x = layer(x, starts * s, [st.up_kv[i] for st in states], chunk * s if chunk else None)
+        for st in states:
+            st.done += xs.shape[1]
         return self.after_norm(x)
+
+
+def _give_rows(states: Sequence[EncoderState], name: str, tail: Tensor) -> None:
+    """Hand each state its row of a batched conv tail."""
+    for st, row in zip(states, split_tail(tail, len(states))):
+        setattr(st, name, row)

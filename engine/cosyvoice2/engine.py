@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +58,15 @@ def batch_limits(device: torch.device, max_batch: int | None, memory_budget: int
     return max_batch or CPU_MAX_BATCH, CPU_STEP_BUDGET, memory_budget
 
 
+@dataclass(frozen=True)
+class ClonedVoice(Voice):
+    fast_start: bool | None = None
+    """The voice's own default for a request that does not choose; None: the engine's."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {**super().to_dict(), "fast_start": self.fast_start}
+
+
 class CosyVoice2Engine(Engine):
     name = "cosyvoice2"
     sample_rate = 24000
@@ -83,7 +94,9 @@ class CosyVoice2Engine(Engine):
         ``fast_start`` trades the official streaming schedule for a sooner first chunk
         (after ``first_chunk_tokens`` + 3 LM tokens) by trimming up to 24 tokens from the
         start of the flow prompt: less speaker conditioning, mel no longer the official one
-        (see pipeline.py). ``first_chunk_tokens`` only matters with it. ``vocoder_seams``:
+        (see pipeline.py). It is only the default: a voice may carry its own, and a request
+        (``SynthesisParams.fast_start``) overrides both; each stream keeps the schedule it
+        was opened with. ``first_chunk_tokens`` only matters with it. ``vocoder_seams``:
         "official" (the pinned reference's) or "project" (see hift.make_vocoder)."""
         model_dir = Path(model_dir)
         if cpu_threads is not None:
@@ -127,13 +140,14 @@ class CosyVoice2Engine(Engine):
 
     # ------------------------------------------------------------------ voices
 
-    def _voice(self, stored: StoredVoice) -> Voice:
-        return Voice(
+    def _voice(self, stored: StoredVoice) -> ClonedVoice:
+        return ClonedVoice(
             id=stored.id,
             name=stored.name,
             language="multilingual",
             sample_rate=self.sample_rate,
             description=f"zero-shot clone ({len(stored.prompt.speech_tokens) / 25:.1f} s reference)",
+            fast_start=stored.fast_start,
         )
 
     def voices(self) -> Sequence[Voice]:
@@ -142,10 +156,13 @@ class CosyVoice2Engine(Engine):
     def has_voice(self, voice_id: str) -> bool:
         return self.store.get(voice_id) is not None
 
-    def register_voice(self, audio: np.ndarray, sample_rate: int, transcript: str, name: str) -> Registered:
-        """Run the frontend once per distinct (audio, transcript); store the result. A
-        known content under another name is refused: a name is not changed behind the
-        backs of those who use it."""
+    def register_voice(
+        self, audio: np.ndarray, sample_rate: int, transcript: str, name: str, fast_start: bool | None = None
+    ) -> Registered:
+        """Run the frontend once per distinct (audio, transcript); store the result, with
+        ``fast_start`` as the voice's default schedule (None: the engine's). A known
+        content under another name, or with another ``fast_start`` asked for, is refused:
+        what a voice does is not changed behind the backs of those who use it."""
         if not isinstance(audio, np.ndarray):
             raise EngineError("bad_audio", "the reference audio must be a numpy array")
         voice_id = content_id(audio, int(sample_rate), transcript or "")
@@ -154,7 +171,7 @@ class CosyVoice2Engine(Engine):
         if known is None:
             prompt = self.frontend.extract(audio, int(sample_rate), transcript)
             self.stats.frontend_runs += 1
-            stored = self.store.add(StoredVoice(voice_id, name or voice_id, prompt, transcript.strip()))
+            stored = self.store.add(StoredVoice(voice_id, name or voice_id, prompt, transcript.strip(), fast_start=fast_start))
             if stored.prompt is prompt:
                 return Registered(self._voice(stored), created=True)
             known = stored  # another registration of the same content won the race
@@ -164,7 +181,20 @@ class CosyVoice2Engine(Engine):
                 f"this audio and transcript are already registered as {known.name!r} (id {known.id}); "
                 "use that voice, or register other audio under the new name",
             )
+        if fast_start is not None and fast_start != known.fast_start:
+            raise EngineError(
+                "voice_exists",
+                f"this audio and transcript are already registered as {known.name!r} (id {known.id}) with "
+                f"fast_start {json.dumps(known.fast_start)}; choose per request with the speak field \"fast_start\" instead",
+            )
         return Registered(self._voice(known), created=False)
+
+    def fast_start_for(self, params: SynthesisParams, voice: StoredVoice) -> bool:
+        """The schedule a request gets: its own choice, else its voice's, else the engine's."""
+        for choice in (params.fast_start, voice.fast_start):
+            if choice is not None:
+                return choice
+        return self.fast_start
 
     # ------------------------------------------------------------------ synthesis
 
@@ -180,10 +210,13 @@ class CosyVoice2Engine(Engine):
         ids = self.tokenizer.encode(normalize_text(text))
         self._utterance += 1  # the seed follows the order of arrival
         seed = (self._seed + self._utterance) % (1 << 63)
-        return self._open(stored.prompt, ids, params.speed, seed)
+        return self._open(stored.prompt, ids, params.speed, seed, fast_start=self.fast_start_for(params, stored))
 
-    def _open(self, prompt: Prompt, ids: list[int], speed: float, seed: int, **lm_bounds: int) -> CosyStream:
-        return self.batcher.open(prompt, split_ids(ids, self._boundaries, MAX_SEGMENT_TOKENS), speed, seed, **lm_bounds)
+    def _open(
+        self, prompt: Prompt, ids: list[int], speed: float, seed: int, fast_start: bool | None = None, **lm_bounds: int
+    ) -> CosyStream:
+        pieces = split_ids(ids, self._boundaries, MAX_SEGMENT_TOKENS)
+        return self.batcher.open(prompt, pieces, speed, seed, fast_start=fast_start, **lm_bounds)
 
     def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
         return self.batcher.step(streams)  # type: ignore[arg-type]

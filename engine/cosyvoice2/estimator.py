@@ -5,20 +5,23 @@ Every convolution is causal (left context only), every norm is per frame and the
 attention sees up to the end of its own 50-frame chunk. So, for one Euler step,
 a new chunk needs only (a) the last two input frames of every convolution and
 (b) the keys/values of earlier frames of every attention block. :class:`StepState`
-holds exactly that, one per Euler step; module and key names follow the reference
+holds exactly that, one per Euler step; :class:`StepRows` hands each call the states
+of the streams it computes (one, or a batch of streams at different positions, their
+caches padded and masked). Module and key names follow the reference
 (diffusers' ``BasicTransformerBlock``) so ``flow.pt`` loads strictly.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import TimeCache
-from .encoder import chunk_mask
+from .cache import TimeCache, append_rows, split_tail
+from .encoder import attention_mask
 from .model_config import ConfigError, EstimatorConfig
 
 
@@ -38,6 +41,67 @@ class StepState:
     def nbytes(self) -> int:
         return sum(k.nbytes() + v.nbytes() for k, v in self.kv.values())
 
+    def mark(self) -> Callable[[], None]:
+        """A function that puts this state back as it is now (a failed batched call's undo:
+        caches only append and tails are replaced, never written in place)."""
+        tails = dict(self.tails)
+        lengths = {slot: (k.length, v.length) for slot, (k, v) in self.kv.items()}
+
+        def restore() -> None:
+            self.tails = tails
+            for slot in list(self.kv):
+                if slot not in lengths:
+                    del self.kv[slot]
+                    continue
+                k, v = self.kv[slot]
+                k.truncate(lengths[slot][0])
+                v.truncate(lengths[slot][1])
+
+        return restore
+
+
+class StepRows:
+    """The states one estimator call reads and extends: stream ``i`` owns rows
+    ``[i*r, (i+1)*r)`` of the batch (r = 2, CFG's conditioned and unconditioned pair)
+    and ``states[i]``; ``starts`` (one per row) is where each row's new frames start.
+    One stream is the unbatched case: its caches are used as they are, nothing is
+    padded. ``masks`` may be shared by the calls of one chunk: every attention block
+    of every Euler step has the same queries and keys, so the same mask."""
+
+    def __init__(
+        self, states: Sequence[StepState], starts: Tensor, rows: int, masks: dict[tuple, Tensor | None] | None = None
+    ) -> None:
+        self.states, self.starts, self.rows = list(states), starts, rows
+        self.masks = {} if masks is None else masks
+
+    def conv_input(self, slot: int, x: Tensor, k: int) -> Tensor:
+        """``x`` behind each stream's last ``k`` input frames (zeros at its start); keeps
+        the new last ``k`` as each stream's tail."""
+        rows = x.shape[0] if len(self.states) == 1 else self.rows
+        tails = [st.tails.get(slot) for st in self.states]
+        held = [t if t is not None else x.new_zeros(rows, x.shape[1], k) for t in tails]
+        x = torch.cat([held[0] if len(held) == 1 else torch.cat(held), x], dim=2)
+        for st, part in zip(self.states, split_tail(x[:, :, -k:], len(self.states))):
+            st.tails[slot] = part
+        return x
+
+    def keys(self, slot: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, list[int] | None]:
+        """Append the new keys/values to each stream's caches; all held, padded where the
+        streams differ in length, and each stream's key count there (None: no padding)."""
+        caches = [st.cache(slot) for st in self.states]
+        keys, lengths = append_rows([c[0] for c in caches], k)
+        values, _ = append_rows([c[1] for c in caches], v)
+        return keys, values, lengths
+
+    def mask(self, n_q: int, n_k: int, chunk: int | None, lengths: list[int] | None) -> Tensor | None:
+        """The (R, 1, n_q, n_k) attention mask of these rows, or None: see ``attention_mask``."""
+        key = (n_q, n_k, chunk, None if lengths is None else tuple(lengths))
+        if key not in self.masks:
+            per_row = None if lengths is None else torch.tensor(lengths, device=self.starts.device).repeat_interleave(self.rows)
+            mask = attention_mask(self.starts, n_q, n_k, chunk, per_row)
+            self.masks[key] = None if mask is None else mask.unsqueeze(1)
+        return self.masks[key]
+
 
 def cache_bytes_per_frame(cfg: EstimatorConfig, n_timesteps: int, itemsize: int) -> int:
     """The attention caches one stream keeps per mel frame: every Euler step has its own
@@ -56,14 +120,8 @@ class CausalConv1d(nn.Conv1d):
     def __init__(self, cin: int, cout: int, kernel: int) -> None:
         super().__init__(cin, cout, kernel)
 
-    def forward(self, x: Tensor, st: StepState) -> Tensor:  # type: ignore[override]
-        k = self.kernel_size[0] - 1
-        tail = st.tails.get(self.slot)
-        if tail is None:
-            tail = x.new_zeros(x.shape[0], x.shape[1], k)
-        x = torch.cat([tail, x], dim=2)
-        st.tails[self.slot] = x[:, :, -k:]
-        return super().forward(x)
+    def forward(self, x: Tensor, st: StepRows) -> Tensor:  # type: ignore[override]
+        return super().forward(st.conv_input(self.slot, x, self.kernel_size[0] - 1))
 
 
 class CausalBlock1D(nn.Module):
@@ -73,7 +131,7 @@ class CausalBlock1D(nn.Module):
         super().__init__()
         self.block = nn.Sequential(CausalConv1d(dim, dim_out, 3), nn.Identity(), nn.LayerNorm(dim_out))
 
-    def forward(self, x: Tensor, st: StepState) -> Tensor:
+    def forward(self, x: Tensor, st: StepRows) -> Tensor:
         x = self.block[0](x, st)
         return F.mish(self.block[2](x.transpose(1, 2)).transpose(1, 2))
 
@@ -86,7 +144,7 @@ class CausalResnetBlock1D(nn.Module):
         self.block2 = CausalBlock1D(dim_out, dim_out)
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
-    def forward(self, x: Tensor, temb: Tensor, st: StepState) -> Tensor:
+    def forward(self, x: Tensor, temb: Tensor, st: StepRows) -> Tensor:
         h = self.block1(x, st) + self.mlp(temb).unsqueeze(-1)
         return self.block2(h, st) + self.res_conv(x)
 
@@ -105,18 +163,15 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
-    def forward(self, x: Tensor, st: StepState, q_start: int, chunk: int | None) -> Tensor:
+    def forward(self, x: Tensor, st: StepRows, chunk: int | None) -> Tensor:
         b, n, _ = x.shape
 
         def heads(t: Tensor) -> Tensor:
             return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
 
-        k_cache, v_cache = st.cache(self.slot)
         q = heads(self.to_q(x))
-        k = k_cache.append(heads(self.to_k(x)))
-        v = v_cache.append(heads(self.to_v(x)))
-        mask = chunk_mask(q_start, n, k.shape[2], chunk, x.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        k, v, lengths = st.keys(self.slot, heads(self.to_k(x)), heads(self.to_v(x)))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=st.mask(n, k.shape[2], chunk, lengths))
         return self.to_out[0](out.transpose(1, 2).reshape(b, n, -1))
 
 
@@ -147,8 +202,8 @@ class BasicTransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = FeedForward(dim)
 
-    def forward(self, x: Tensor, st: StepState, q_start: int, chunk: int | None) -> Tensor:
-        x = x + self.attn1(self.norm1(x), st, q_start, chunk)
+    def forward(self, x: Tensor, st: StepRows, chunk: int | None) -> Tensor:
+        x = x + self.attn1(self.norm1(x), st, chunk)
         return x + self.ff(self.norm3(x))
 
 
@@ -207,11 +262,11 @@ class CausalConditionalDecoder(nn.Module):
         t: Tensor,
         spks: Tensor,
         cond: Tensor,
-        st: StepState,
-        q_start: int,
+        st: StepRows,
         streaming: bool = True,
     ) -> Tensor:
-        """Velocity for frames [q_start, q_start + n). x, mu, cond: (B, 80, n); t: (B,); spks: (B, 80)."""
+        """Velocity for each stream's next n frames (from ``st.starts``). x, mu, cond:
+        (B, 80, n); t: (B,); spks: (B, 80); rows as ``st`` assigns them to streams."""
         chunk = self.cfg.static_chunk_size if streaming else None
         temb = self.time_mlp(sinusoidal_time(t, self.cfg.in_channels).to(t.dtype))
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.shape[-1]), cond], dim=1)
@@ -219,7 +274,7 @@ class CausalConditionalDecoder(nn.Module):
         def attend(blocks: nn.ModuleList, h: Tensor) -> Tensor:
             h = h.transpose(1, 2)
             for block in blocks:
-                h = block(h, st, q_start, chunk)
+                h = block(h, st, chunk)
             return h.transpose(1, 2)
 
         skips = []

@@ -1,8 +1,9 @@
 """Registered zero-shot voices: cached by content hash, kept on disk across restarts.
 
-A voice is the frontend's output (:class:`Prompt`) plus a name. Its id is a hash of
-the audio samples, sample rate and transcript, so registering the same content
-twice returns the same voice without running the frontend again. On disk each
+A voice is the frontend's output (:class:`Prompt`) plus a name, and optionally its own
+default ``fast_start`` (see engine.py; a file written before it existed has none). Its id
+is a hash of the audio samples, sample rate and transcript, so registering the same
+content twice returns the same voice without running the frontend again. On disk each
 voice is ``<id>.npz`` (arrays) + ``<id>.json`` (metadata), written atomically.
 
 Several server processes (``--workers``) may share one directory: a voice that one of
@@ -50,6 +51,9 @@ class StoredVoice:
     prompt: Prompt
     transcript: str
     registered_at: float = 0.0
+    fast_start: bool | None = None
+    """This voice's default for a request that does not choose (None: the engine's).
+    Voices stored before the setting existed have none."""
 
 
 class VoiceStore:
@@ -77,7 +81,10 @@ class VoiceStore:
                     embedding=arrays["embedding"].astype(np.float32),
                 )
             registered_at = float(meta.get("registered_at", meta_path.stat().st_mtime))
-            return StoredVoice(meta["id"], meta["name"], prompt, meta.get("transcript", ""), registered_at)
+            fast_start = meta.get("fast_start")  # absent from voices stored before it existed
+            if fast_start is not None and not isinstance(fast_start, bool):
+                raise ValueError(f"fast_start is {fast_start!r}, not true, false or null")
+            return StoredVoice(meta["id"], meta["name"], prompt, meta.get("transcript", ""), registered_at, fast_start)
         except (OSError, ValueError, KeyError) as exc:
             log.warning("skipping unreadable voice %s: %s", meta_path.name, exc)
             return None
@@ -128,7 +135,7 @@ class VoiceStore:
             os.replace(tmp_npz, stem.with_suffix(".npz"))
             meta = {
                 "format": FORMAT_VERSION, "id": voice.id, "name": voice.name, "transcript": voice.transcript,
-                "registered_at": voice.registered_at,
+                "registered_at": voice.registered_at, "fast_start": voice.fast_start,
             }
             tmp_json = stem.with_name(f"{voice.id}.{os.getpid()}.tmp.json")
             tmp_json.write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")

@@ -2,7 +2,8 @@
 
 One small local Ray instance for the module (2 CPUs, no dashboard, a small object
 store): the machine is shared, and each replica loads Piper. The deployment has two
-replicas of half a CPU each; the last test replaces it with an autoscaling one.
+replicas of half a CPU each, each with its own metrics port; the drain test stops it, and
+the last test deploys an autoscaling one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import struct
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,20 +22,33 @@ import numpy as np
 import orjson
 import pytest
 import websockets
+from prometheus_client.parser import text_string_to_metric_families
 
 ray = pytest.importorskip("ray", reason="the ray extra (make test installs it)")
 from ray import serve  # noqa: E402
 
-from server.ray_app import Voxwire, replica_config  # noqa: E402
+from server.ray_app import Voxwire, build, replica_config  # noqa: E402
+from tests.clients.js.test_browser import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    COMPARE,
+    RECORDER,
+    assert_played_all,
+    click_speak,
+    demo_page,
+    wait_played,
+)
 from tests.conftest import free_port  # noqa: E402
 from tests.server.test_stream import ONE_LONG_SENTENCE  # noqa: E402
 from voxwire_client import Client  # noqa: E402
-from voxwire_client.client import Closed  # noqa: E402
+from voxwire_client.client import Closed, ServerError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)  # replicas load Piper on a busy 2-core machine
 
 WINDOW_S = 1.0
-SETTINGS = {"engine": "piper", "cache_mb": 0, "flow_window_seconds": WINDOW_S, "drain_seconds": 3}
+DRAIN_S = 20  # as the plain server's drain test: room for a busy machine
+SETTINGS = {"engine": "piper", "cache_mb": 0, "flow_window_seconds": WINDOW_S, "drain_seconds": DRAIN_S}
+GRACE_S = 2 * DRAIN_S  # Ray's graceful_shutdown_timeout_s: longer than the drain, as in deploy/ray
 LONG = " ".join(f"This is sentence number {i} of a long answer that nobody is listening to." for i in range(60))
 
 
@@ -46,8 +61,8 @@ def proxy() -> Iterator[str]:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = Voxwire.options(
             num_replicas=2, ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=8,
-            graceful_shutdown_timeout_s=10, graceful_shutdown_wait_loop_s=0.5,
-        ).bind(SETTINGS)
+            graceful_shutdown_timeout_s=GRACE_S, graceful_shutdown_wait_loop_s=0.5,
+        ).bind(SETTINGS, metrics_port=0)
         serve.run(app, name="two", route_prefix="/")
         yield f"ws://127.0.0.1:{port}/v1/stream"
     finally:
@@ -102,6 +117,8 @@ def test_replica_settings_are_checked_as_voxwire_serve_checks_them():
         replica_config({"cache_megabytes": 8}, env={})
     with pytest.raises(ValueError):
         replica_config({"chunk_ms": 1}, env={})
+    with pytest.raises(ValueError, match="metrics_port"):
+        build({"settings": {"engine": "piper"}, "metrics_port": "9500"})
 
 
 async def test_real_speech_through_the_proxy(proxy):
@@ -112,6 +129,55 @@ async def test_real_speech_through_the_proxy(proxy):
     rate = frames[0].sample_rate
     assert done["samples"] == audio.size and audio.size / rate > 1.0  # about two seconds of speech
     assert np.sqrt(np.mean(audio**2)) > 0.01  # speech, not silence
+
+
+# Counts what the page's client sends, by message type (the demo's JS client sends JSON text).
+COUNT_SENT = """(() => {
+    window.sent = {};
+    const send = WebSocket.prototype.send;
+    WebSocket.prototype.send = function (data) {
+        if (typeof data === 'string') { const t = JSON.parse(data).type; window.sent[t] = (window.sent[t] || 0) + 1; }
+        return send.call(this, data);
+    };
+})();"""
+BROWSER_TEXT = "Streaming speech through Ray's proxy, to a browser. Each chunk plays as it arrives."
+
+
+@pytest.fixture
+def chromium() -> Iterator[object]:
+    """Chromium for one test, as tests/clients/js launches it. Not the module-wide
+    ``browser`` fixture there: sync Playwright keeps its event loop running on this thread
+    while it is open, and this module's other tests are async."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=30_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def test_the_js_client_in_chromium_plays_real_speech_through_the_proxy(proxy, chromium):
+    # Ray's proxy serves the whole app, the demo page and the JS client included, and the
+    # page talks to /v1/stream on the host that served it: here, the proxy.
+    page_url = proxy.replace("ws://", "http://").removesuffix("/v1/stream") + "/"
+    with demo_page(chromium, page_url, init_script=COUNT_SENT) as page:
+        page.evaluate(RECORDER)
+        click_speak(page, BROWSER_TEXT)
+        run = wait_played(page)
+        page.wait_for_timeout(100)  # the recorder's last blocks are a message away
+        cmp = page.evaluate(COMPARE)
+        sent = page.evaluate("window.sent")
+    assert run["error"] is None and run["done"]["samples"] > run["started"]["sample_rate"]  # over a second
+    assert_played_all(run)
+    # What the worklet played is what came through the proxy, sample for sample, and it is
+    # speech, not silence.
+    assert cmp["sent"] == run["done"]["samples"], cmp
+    assert cmp["mismatched"] == 0 and cmp["matched_to"] == cmp["sent"] and cmp["peak"] > 0.1, cmp
+    # The player's playback progress went through the proxy too (its first report, 0, and
+    # more as it played), and the paced utterance still played to its end.
+    assert sent.get("speak", 0) >= 1 and sent.get("progress", 0) >= 2, sent
 
 
 async def test_cancel_through_the_proxy_stops_the_generator(proxy):
@@ -197,6 +263,43 @@ async def test_two_held_sockets_go_to_different_replicas(proxy):
         assert sorted(p["connections"] for p in probes.values()) == [1, 1]
 
 
+def scrape(port: int) -> dict[str, list[Any]]:
+    """A replica's own metrics port (server/ray_app.py): samples by name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    samples: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append(s)
+    return samples
+
+
+async def ongoing_requests(replica: str, app: str = "two") -> int:
+    """Ray's count of a replica's ongoing requests: what its autoscaling reads."""
+    actor = ray.get_actor(f"SERVE_REPLICA::{app}#Voxwire#{replica}", namespace="serve")
+    return await actor.get_num_ongoing_requests.remote()
+
+
+async def test_each_replica_serves_its_metrics_labelled_as_ray_labels_it_and_agreeing_with_autoscaling(proxy):
+    async with websockets.connect(proxy) as a, websockets.connect(proxy) as b:
+        await a.recv()
+        await b.recv()
+        probes = await replicas()
+        assert len({p["metrics_port"] for p in probes.values()}) == 2
+        for replica, p in probes.items():
+            samples = scrape(p["metrics_port"])
+            labels = {"application": "two", "deployment": "Voxwire", "replica": replica}
+            # Every series is this replica's, labelled as Ray labels its Serve metrics.
+            every = [s for group in samples.values() for s in group]
+            assert every and all(s.labels.items() >= labels.items() for s in every)
+            assert [s.labels["worker"] for s in samples["voxwire_peak_resident_memory_bytes"]] == [replica]
+            # Its open sockets, the autoscaling signal, read both ways: one each.
+            (connections,) = samples["voxwire_connections"]
+            assert connections.value == p["connections"] == await ongoing_requests(replica) == 1
+            # Absent until the replica's first step: then this replica's steps, nobody else's.
+            assert sum(s.value for s in samples.get("voxwire_engine_steps_total", [])) == p["steps"]
+
+
 async def test_a_client_whose_replica_dies_gets_a_close_and_reconnects(proxy):
     async with await Client.connect(proxy) as client:
         (victim,) = [p for p in (await replicas()).values() if p["connections"] == 1]
@@ -208,6 +311,52 @@ async def test_a_client_whose_replica_dies_gets_a_close_and_reconnects(proxy):
     async with await Client.connect(proxy) as client:
         frames, done = await (await client.speak("Still here.")).collect()
         assert done["samples"] > 0
+
+
+async def both_replicas_answer(timeout: float = 300) -> None:
+    """Wait until both replicas answer a probe: the one killed by the test before is
+    replaced by then (Serve's status may still count it as running for a moment)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await replicas()
+            return
+        except (AssertionError, ray.exceptions.RayError):
+            assert time.monotonic() < deadline, "the killed replica was never replaced"
+            await asyncio.sleep(1.0)
+
+
+STOPPING_TEXT = "This sentence is spoken while the replica stops. " * 3
+
+
+async def test_a_replica_ray_stops_finishes_its_utterance_then_closes_1001(proxy):
+    """As ``voxwire serve`` on SIGTERM (docs/reliability.md): no new work, the utterance
+    in flight plays to its end, then the socket closes with 1001 (going away)."""
+    await both_replicas_answer()
+    async with await Client.connect(proxy) as client:
+        # Held in flight: the client reports progress (0 so far) and nothing is taken yet,
+        # so the replica computes a window of it and waits.
+        u = await client.speak(STOPPING_TEXT)
+        (held,) = await settle()
+        serve.delete("two", _blocking=False)  # stops every replica of the application
+        # The replica has begun its drain once a new utterance on the socket is refused.
+        for i in range(240):
+            try:
+                await (await client.speak("Late.", ctx=f"late-{i}")).collect()
+            except ServerError as e:
+                assert (e.code, e.ctx) == ("shutting_down", f"late-{i}")
+                break
+            await asyncio.sleep(0.25)
+        else:
+            raise AssertionError("the replica never began to drain")
+        # The one in flight is released by taking its audio, and plays to its end.
+        frames, done = await asyncio.wait_for(u.collect(), GRACE_S)
+        assert done.type == "done" and sum(f.samples for f in frames) == done["samples"]
+        assert held["produced_samples"] < done["samples"]  # the rest was computed during the drain
+        # Then the socket closes, going away.
+        await asyncio.wait_for(client.ws.wait_closed(), GRACE_S)
+        assert client.ws.close_code == 1001
+    await wait_for(lambda: "two" not in serve.status().applications, 120)
 
 
 def running(app: str) -> dict[str, int]:
@@ -223,11 +372,13 @@ async def wait_for(predicate, timeout: float) -> None:
 
 
 async def test_autoscaling_follows_held_sockets_up_and_back_down(proxy):
-    # The two-replica application goes, to leave room (and CPUs) for this one.
-    serve.delete("two")
+    # The two-replica application goes (if the drain test has not stopped it already),
+    # to leave room (and CPUs) for this one.
+    if "two" in serve.status().applications:
+        serve.delete("two")
     app = Voxwire.options(
         ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=4,
-        graceful_shutdown_timeout_s=10, graceful_shutdown_wait_loop_s=0.5,
+        graceful_shutdown_timeout_s=GRACE_S, graceful_shutdown_wait_loop_s=0.5,
         autoscaling_config={
             "min_replicas": 1, "initial_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
             "upscale_delay_s": 0, "downscale_delay_s": 2, "metrics_interval_s": 0.5, "look_back_period_s": 1,

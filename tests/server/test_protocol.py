@@ -46,6 +46,12 @@ def test_speak_defaults_to_final():
         (j({"type": "config", "chunk_ms": 100}), "invalid_chunk_ms"),
         (j({"type": "config", "speed": 3}), "invalid_speed"),
         (j({"type": "config", "voice": ""}), "invalid_field"),
+        (j({"type": "speak", "text": "x", "fast_start": "yes"}), "invalid_field"),
+        (j({"type": "speak", "text": "x", "fast_start": 1}), "invalid_field"),
+        (j({"type": "speak", "text": "x", "fast_start": 0}), "invalid_field"),
+        (msgpack.packb({"type": "speak", "text": "x", "fast_start": [True]}), "invalid_field"),
+        (j({"type": "config", "fast_start": "true"}), "invalid_field"),
+        (j({"type": "speak", "text": "x", "fastStart": True}), "unknown_field"),
     ],
 )
 def test_bad_messages_raise_protocol_errors_with_stable_codes(data, code):
@@ -53,6 +59,25 @@ def test_bad_messages_raise_protocol_errors_with_stable_codes(data, code):
         protocol.parse(data)
     assert e.value.code == code
     assert e.value.message
+
+
+def test_fast_start_is_a_stream_setting_true_false_or_null():
+    for value in (True, False, None):
+        speak = {"type": "speak", "text": "x", "fast_start": value}
+        for data in (j(speak), msgpack.packb(speak)):
+            assert protocol.parse(data).settings == {"fast_start": value}
+        assert protocol.parse(j({"type": "config", "fast_start": value})) == Configure({"fast_start": value})
+    assert protocol.parse(j({"type": "speak", "text": "x"})).settings == {}  # left to the voice, then the server
+    session = protocol.StreamSettings(voice="v", fast_start=True)
+    assert session.to_dict()["fast_start"] is True and protocol.StreamSettings(voice="v").fast_start is None
+    # null in a speak takes an utterance back to the voice's default from a session's choice.
+    assert protocol.with_overrides(session, {"fast_start": None}).fast_start is None
+
+
+def test_a_bad_fast_start_names_the_field_and_the_ctx():
+    with pytest.raises(ProtocolError) as e:
+        protocol.parse(j({"type": "speak", "ctx": "u9", "text": "x", "fast_start": "yes"}))
+    assert (e.value.code, e.value.ctx) == ("invalid_field", "u9") and "fast_start" in e.value.message
 
 
 def test_error_names_the_ctx_when_it_can():

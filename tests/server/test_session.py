@@ -131,6 +131,8 @@ async def test_flush_of_a_cached_one_shot_is_answered(tone):
         await send(ws, type="speak", ctx="b", text="la la la.")
         await send(ws, type="flush", ctx="b")
         got = [e["type"] for e in await events(ws, "flushed", "b", limit=5)]
+        if "done" not in got:  # answered before the replay's end, which follows
+            got += [e["type"] for e in await events(ws, "done", "b", limit=5)]
         # Before or after done, depending on whether the replay had ended: never unanswered.
         assert sorted(got) == ["done", "flushed", "started"]
 

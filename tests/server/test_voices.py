@@ -12,6 +12,7 @@ import pytest
 import soundfile
 
 from server.voices import decode_audio
+from tests.engine.cosyvoice2.test_schedule import no_early_stop
 from tests.server.test_openai import (  # server_log is a fixture, used by name
     assert_logged_as_ordinary,
     disconnect_records,
@@ -33,10 +34,11 @@ def reference_wav(seconds: float = 3.0, f0: float = 150.0, fmt: str = "WAV") -> 
     return buf.getvalue()
 
 
-async def register(server, audio: bytes, transcript: str = "Hello, this is my voice.", name: str = "me"):
+async def register(server, audio: bytes, transcript: str = "Hello, this is my voice.", name: str = "me", **form: str):
     async with httpx.AsyncClient(base_url=server.http, timeout=120) as http:
         return await http.post(
-            "/v1/voices", files={"audio": ("ref.wav", audio, "audio/wav")}, data={"transcript": transcript, "name": name}
+            "/v1/voices", files={"audio": ("ref.wav", audio, "audio/wav")},
+            data={"transcript": transcript, "name": name, **form},
         )
 
 
@@ -162,6 +164,107 @@ def test_an_upload_cut_off_mid_body_is_an_ordinary_event(cosyvoice_server, serve
     wait_for_disconnect_record(server_log)
     assert httpx.get(f"{cosyvoice_server.http}/v1/voices").status_code == 200  # and the server goes on serving
     assert_logged_as_ordinary(disconnect_records(server_log))
+
+
+# One segment (no clause boundary for the server to split at), 48 tokens: the LM may not
+# stop before 96, long after either schedule's first chunk.
+ONE_SEGMENT = "This is a long sentence that keeps on going without a pause."
+
+
+class FirstAudioSpy:
+    """Wraps a running server's engine: for each stream the worker opens, the request's
+    ``fast_start`` and the engine steps the stream took part in up to and including its
+    first audio (for CosyVoice2 one LM token each). Counters, read once an utterance is done."""
+
+    def __init__(self, engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._open, self._step = engine.open, engine.step
+        self.opened: list[tuple[object, object]] = []
+        self._steps: dict[object, int] = {}
+        self._first: dict[object, int] = {}
+        monkeypatch.setattr(engine, "open", self.open)
+        monkeypatch.setattr(engine, "step", self.step)
+
+    def open(self, text, params):
+        stream = self._open(text, params)
+        self.opened.append((params, stream))
+        return stream
+
+    def step(self, streams):
+        results = self._step(streams)
+        for stream, result in zip(streams, results):
+            if stream in self._first:
+                continue
+            self._steps[stream] = self._steps.get(stream, 0) + 1
+            if not isinstance(result, Exception) and any(isinstance(p, np.ndarray) and p.size for p in result.pieces):
+                self._first[stream] = self._steps[stream]
+        return results
+
+    async def speak(self, client: Client, **settings) -> tuple[bool | None, int, object]:
+        """Speak ONE_SEGMENT: what the engine was asked (``fast_start``), the steps to its
+        first audio, and what ``started`` reported."""
+        opened = len(self.opened)
+        u = await client.speak(ONE_SEGMENT, **settings)
+        frames, done = await u.collect()
+        assert frames and done["samples"] > 0 and len(self.opened) == opened + 1
+        params, stream = self.opened[-1]
+        return params.fast_start, self._first[stream], u.started["fast_start"]
+
+
+def official_steps(server, voice_id: str) -> int:
+    """The official schedule's first chunk: 25 + pad + 3 LM tokens (engine/cosyvoice2/pipeline.py)."""
+    n_prompt = len(engine(server).store.get(voice_id).prompt.speech_tokens)
+    return 25 + (-n_prompt % 25) + 3
+
+
+async def test_fast_start_per_request_per_session_and_per_voice(cosyvoice_server, monkeypatch):
+    plain = await register(cosyvoice_server, reference_wav(f0=190), name="plain")
+    quick = await register(cosyvoice_server, reference_wav(f0=210), name="quick", fast_start="true")
+    assert (plain.status_code, quick.status_code) == (201, 201)
+    assert plain.json()["fast_start"] is None and quick.json()["fast_start"] is True
+    plain_id, quick_id = plain.json()["id"], quick.json()["id"]
+    listed = {v["id"]: v for v in httpx.get(f"{cosyvoice_server.http}/v1/voices").json()["voices"]}
+    assert (listed[plain_id]["fast_start"], listed[quick_id]["fast_start"]) == (None, True)
+    plain_official, quick_official = official_steps(cosyvoice_server, plain_id), official_steps(cosyvoice_server, quick_id)
+    assert min(plain_official, quick_official) > 13
+    spy = FirstAudioSpy(engine(cosyvoice_server), monkeypatch)
+    with no_early_stop(engine(cosyvoice_server)):
+        async with await Client.connect(cosyvoice_server.ws) as client:
+            # The server's default (the official schedule), and a request's own choice.
+            assert await spy.speak(client, voice=plain_id) == (None, plain_official, None)
+            assert await spy.speak(client, voice=plain_id, fast_start=True) == (True, 13, True)
+            # The voice's default, and a request's explicit false over it.
+            assert await spy.speak(client, voice=quick_id) == (None, 13, None)
+            assert await spy.speak(client, voice=quick_id, fast_start=False) == (False, quick_official, False)
+            # A session's choice, and null in a speak back to the voice's default.
+            assert (await client.configure(fast_start=True))["fast_start"] is True
+            assert await spy.speak(client, voice=plain_id) == (True, 13, True)
+            assert await spy.speak(client, voice=plain_id, fast_start=None) == (None, plain_official, None)
+            with pytest.raises(ServerError) as e:
+                await (await client.speak("Hi.", voice=plain_id, fast_start="yes")).collect()
+            assert e.value.code == "invalid_field"
+
+
+async def test_a_voice_keeps_the_fast_start_it_was_registered_with(cosyvoice_server):
+    first = await register(cosyvoice_server, reference_wav(f0=230), name="kept", fast_start="false")
+    assert first.status_code == 201 and first.json()["fast_start"] is False
+    for form, status in (({"fast_start": "false"}, 200), ({}, 200), ({"fast_start": "true"}, 409)):
+        r = await register(cosyvoice_server, reference_wav(f0=230), name="kept", **form)
+        assert r.status_code == status, r.text
+        if status == 200:
+            assert r.json()["cached"] is True and r.json()["fast_start"] is False
+        else:
+            assert r.json()["error"]["code"] == "voice_exists" and "fast_start" in r.json()["error"]["message"]
+    runs = engine(cosyvoice_server).stats.frontend_runs
+    r = await register(cosyvoice_server, reference_wav(f0=240), name="bad", fast_start="maybe")
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request") and "fast_start" in r.json()["error"]["message"]
+    assert engine(cosyvoice_server).stats.frontend_runs == runs  # refused before the frontend ran
+
+
+async def test_piper_ignores_fast_start(piper_server):
+    async with await Client.connect(piper_server.ws) as client:
+        u = await client.speak("Hello there.", fast_start=True)
+        frames, done = await u.collect()
+        assert u.started["fast_start"] is True and frames and done["samples"] > 0
 
 
 async def test_piper_cannot_clone(piper_server):

@@ -260,7 +260,8 @@ class Client:
             await asyncio.wait({self._reader})
 
     async def configure(self, **settings: Any) -> Event:
-        """Set this connection's defaults (voice, format, sample_rate, chunk_ms, speed)."""
+        """Set this connection's defaults (voice, format, sample_rate, chunk_ms, speed,
+        timestamps, fast_start)."""
         await self._send({"type": "config", **settings})
         get_ok = asyncio.ensure_future(self._configured.get())
         get_err = asyncio.ensure_future(self._errors.get())
@@ -275,7 +276,9 @@ class Client:
         return ev
 
     async def speak(self, text: str = "", ctx: str | None = None, final: bool = True, **settings: Any) -> Utterance:
-        """Start an utterance. With ``final=False``, send the rest with ``Utterance.send``."""
+        """Start an utterance. With ``final=False``, send the rest with ``Utterance.send``.
+        ``settings`` are protocol v1's stream settings (voice, format, sample_rate, chunk_ms,
+        speed, timestamps, fast_start), sent as given."""
         ctx = ctx or f"c{next(self._ids)}"
         u = Utterance(self, ctx)
         u._complete = final

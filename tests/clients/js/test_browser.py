@@ -488,6 +488,9 @@ WHOLE_BEFORE_PLAYING = """() => {
     const p = window.voxwireDemo.player;
     const play = p.play.bind(p);
     p.play = (u) => {
+        // Holding the audio back means nothing plays, so playback progress would pace the
+        // server to a stop: this utterance reports none, as a client without a player.
+        u.played = undefined;
         const emit = u.emit.bind(u), held = [];
         u.emit = (type, v) => {
             if (type === 'audio') return held.push(v);

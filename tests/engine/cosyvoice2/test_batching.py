@@ -7,8 +7,12 @@ Measures (stated, and asserted), on the tiny random-weight model:
 * audio: same length, and SNR > 60 dB against the stream alone (the tolerance of
   tests/engine/cosyvoice2/test_streaming.py; batched matrix products may round
   differently from a batch of one);
+* flow: streams whose chunks are due at the same step run them as one batched call
+  (counted in ``Batcher.flow_batching``), also when their caches differ in length,
+  and still equal each stream alone;
 * closing one member mid-batch, or an error in one member, leaves the others' output
-  as it is alone; a whole-batch failure leaves every stream as it was;
+  as it is alone (an error in a batched flow call reruns its streams one by one, so
+  only the faulty one fails); a whole-batch failure leaves every stream as it was;
 * memory: ``memory_bytes`` bounds what a stream's caches hold, and grows with what the
   stream may hold (prompt and text length).
 """
@@ -22,10 +26,12 @@ import pytest
 import torch
 
 from engine.base import Step
+from engine.cosyvoice2 import batch as batch_module
 from engine.cosyvoice2 import pipeline
 from engine.cosyvoice2.engine import CosyVoice2Engine
 from engine.cosyvoice2.estimator import cache_bytes_per_frame
 from engine.cosyvoice2.model_config import EstimatorConfig, QwenConfig
+from engine.cosyvoice2.pipeline import Schedule
 from engine.cosyvoice2.qwen2 import kv_bytes_per_token
 from engine.cosyvoice2.sampling import RasSampler
 from engine.cosyvoice2.tiny import QWEN2_0_5B
@@ -175,8 +181,11 @@ def test_closing_one_member_mid_batch_leaves_the_others_alone(engine: CosyVoice2
             ended[1] = "closed"
             assert s[1].segment is None and len(engine.batcher.pool.used) == 2, "its slot is free at once"
 
+    batched_before = engine.batcher.flow_batching.sizes[2]
     pieces, ended = _run(engine, streams, on_step=close_at_8)
     assert ended[1] == "closed" and victim_steps == [8]
+    # 0 and 2 share a voice and started together: their first chunk ran as one call.
+    assert engine.batcher.flow_batching.sizes[2] == batched_before + 1
     assert engine.stats.utterances_closed == closed_before + 1
     for k in (0, 2):
         _assert_same(streams[k].tokens, np.concatenate(pieces[k]), *solo[k])
@@ -186,18 +195,62 @@ def test_closing_one_member_mid_batch_leaves_the_others_alone(engine: CosyVoice2
 
 
 @torch.inference_mode()
+def test_flow_chunks_over_caches_of_different_lengths_run_as_one_batch(
+    engine: CosyVoice2Engine, prompts, solo, monkeypatch
+) -> None:
+    """Stream 0 (a 45-token prompt: 25 tokens encoded before its first chunk) and one of a
+    60-token prompt (50 encoded), joined so that both first chunks are due at one step:
+    one batched flow call over caches of different lengths; each stream equals itself
+    alone."""
+    voice = engine.register_voice(_reference(2.4, 130.0), SR, "A longer reference, for a third voice.", "c").voice
+    long_prompt = engine.store.get(voice.id).prompt
+    ids = engine.tokenizer.encode(TEXTS[1])
+
+    def open_long():
+        return engine.batcher.open(long_prompt, [ids], 1.0, seed=77, min_tokens=60, max_tokens=60)
+
+    long_alone = open_long()
+    pieces, _ = _run(engine, [long_alone])
+    long_solo = (long_alone.tokens, np.concatenate(pieces[0]))
+
+    flow_cfg = engine.models.cfg.flow
+    at = [  # generated tokens at which each one's first chunk is due
+        Schedule(len(p.speech_tokens), flow_cfg.encoder.static_chunk_size, flow_cfg.pre_lookahead_len, False, 10).next_at()
+        for p in (prompts[0], long_prompt)
+    ]
+    # A stream joining at step j draws its token t at step j + t - 1.
+    join_at = [max(0, at[1] - at[0]), max(0, at[0] - at[1])]
+    calls: list[list[int]] = []
+    real = batch_module.advance_batch
+
+    def recording(flows):
+        calls.append([f.done for f in flows])  # tokens already in each one's caches
+        return real(flows)
+
+    monkeypatch.setattr(batch_module, "advance_batch", recording)
+    batched_before = engine.batcher.flow_batching.sizes[2]
+    streams = [_open(engine, prompts, 0), open_long()]
+    pieces, ended = _run(engine, streams, join_at)
+    assert all(isinstance(e, Step) and e.done for e in ended.values())
+    assert [25, 50] in calls, calls
+    assert engine.batcher.flow_batching.sizes[2] == batched_before + 1
+    _assert_same(streams[0].tokens, np.concatenate(pieces[0]), *solo[0])
+    _assert_same(streams[1].tokens, np.concatenate(pieces[1]), *long_solo)
+
+
+@torch.inference_mode()
 def test_an_error_in_one_member_fails_it_alone(engine: CosyVoice2Engine, prompts, solo) -> None:
     streams = [_open(engine, prompts, k) for k in range(3)]
+    fallbacks_before = engine.batcher.flow_batching.fallbacks
 
     def break_at_5(step, s, ended):
         if step == 5:
-            def boom(*args, **kwargs):
-                raise RuntimeError("flow failure in one stream")
-
-            s[2].segment.flow.advance = boom
+            # A corrupt token: its chunk fails, batched (with stream 0's) or alone.
+            s[2].segment.flow.tokens[-1] = 10**6
 
     pieces, ended = _run(engine, streams, on_step=break_at_5)
-    assert isinstance(ended[2], RuntimeError)
+    assert isinstance(ended[2], IndexError)
+    assert engine.batcher.flow_batching.fallbacks == fallbacks_before + 1
     for k in (0, 1):
         _assert_same(streams[k].tokens, np.concatenate(pieces[k]), *solo[k])
     assert not engine.batcher.pool.used
