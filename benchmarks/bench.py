@@ -208,7 +208,7 @@ def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dic
     warm = [corpus.WARMUP[k % len(corpus.WARMUP)] for k in range(plan.warmup)]
     length_texts = [corpus.first_sentence(w) for w in plan.lengths]
     try:
-        rows = floor.repeated(engine, [*texts, *length_texts], voice, max(plan.length_repeats, 1), warm)
+        rows = floor.repeated(engine, texts, voice, max(plan.length_repeats, 1), warm, first_only=length_texts)
     finally:
         engine.close()
     speech = [f for rs in rows[: len(texts)] for f in rs]

@@ -119,6 +119,71 @@ def ray_proxy(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def formats(r: dict[str, Any]) -> list[str]:
+    """benchmarks/formats.py: bytes, client-observed TTFA and encoding cost per format."""
+    lines = [
+        f"| format | kbit/s | fewer bytes than pcm_s16le | TTFA median ({r['args']['rounds']} rounds) | over pcm_s16le "
+        "| first frame, CPU over pcm_s16le | encoding, ms CPU per s of audio | of the engine's CPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, f in r["formats"].items():
+        lines.append(
+            f"| {name} | {f['kbit_per_s']:.1f} | {f['fewer_bytes_than_pcm_s16le_22k']:.2f}× | {f['ttfa_median_ms']:.1f} ms "
+            f"| {f['ttfa_median_minus_pcm_ms']:+.1f} ms | {f['first_frame_cpu_minus_pcm_ms']:+.2f} ms "
+            f"| {f['encode_ms_per_s']:.2f} | {100 * f['encode_fraction_of_engine_compute']:.2f}% |"
+        )
+    return lines
+
+
+def wyoming(r: dict[str, Any]) -> list[str]:
+    """benchmarks/wyoming.py: time to the first audio-chunk, alone and with 4 clients."""
+    lines = [
+        f"| server ({r['args']['rounds']} rounds, {r['args']['piper_backend']} backend for Voxwire) | first chunk median "
+        f"| p95 | {r['clients']} clients p95 | ÷ single p95 | whole answer median |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in r["servers"].items():
+        lines.append(
+            f"| {name} | {s['single_median_ms']:.1f} ms | {s['single_p95_ms']:.1f} ms | {s['concurrent_p95_ms']:.1f} ms "
+            f"| {s['concurrent_p95_over_single_p95']:.2f} | {s['single_total_median_ms']:.0f} ms |"
+        )
+    lines.append(f"| Voxwire ÷ wyoming-piper, first chunk median | {r['first_chunk_ratio_to_wyoming_piper']:.2f} | | | | |")
+    return lines
+
+
+def batching(r: dict[str, Any]) -> list[str]:
+    """benchmarks/batching.py: the batched server against --max-batch 1, in one run."""
+    b, u, floor = r["servers"]["batched"], r["servers"]["unbatched"], r["floor"]
+    n = r["args"]["newcomers"]
+    rows = [
+        ("TTFA p50, one listener alone", lambda s: f"{s['single_ttfa_p50_ms']:.1f} ms"),
+        (f"burst of {n}: TTFA p50", lambda s: f"{s['burst_ttfa_p50_ms']:.1f} ms"),
+        (f"burst of {n}: TTFA p95", lambda s: f"{s['burst_ttfa_p95_ms']:.1f} ms"),
+        ("burst p95 ÷ single p50 (target ≤ 4)", lambda s: f"{s['burst_p95_over_single']:.2f}"),
+        (f"burst p95 ÷ the floor, {floor['batched_step_ms']:.1f} ms (target ≤ 1.2)",
+         lambda s: f"{s['burst_p95_over_floor']:.2f}"),
+        ("staggered listeners held (levels " + ", ".join(map(str, r["args"]["levels"])) + ")",
+         lambda s: f"{s['held']} of the compute limit {s['compute_limit']:.1f} ({s['held_over_limit']:.2f}×)"),
+        ("engine steps by batch size", lambda s: _sizes(s["batch_sizes"])),
+    ]
+    lines = ["| figure | batched | unbatched (--max-batch 1) |", "|---|---|---|"]
+    lines += [f"| {label} | {cell(b)} | {cell(u)} |" for label, cell in rows]
+    return lines
+
+
+def _sizes(buckets: dict[str, float]) -> str:
+    """Steps per batch-size bucket ("<=4.0": steps of 3 or 4) as "1: 153, 2: 60, 3–4: 82"."""
+    out, lo = [], 1
+    for bound, count in buckets.items():
+        if bound == "<=+Inf":
+            break
+        top = int(float(bound.removeprefix("<=")))
+        if count:
+            out.append(f"{lo if lo == top else f'{lo}–{top}'}: {count:.0f}")
+        lo = top + 1
+    return ", ".join(out) or "none"
+
+
 RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "bench-headline": report.headline_table,
     "bench-servers": report.comparison_table,
@@ -131,6 +196,9 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "workers": workers,
     "rates": rates,
     "ray_proxy": ray_proxy,
+    "formats": formats,
+    "wyoming": wyoming,
+    "batching": batching,
 }
 
 

@@ -13,7 +13,9 @@
 
 Each step advances a batch: utterances are taken in that order up to the engine's batch
 size, and while their work fits the step budget (the first always goes in, so a step is
-never empty). A stream joins only while its memory fits what is left of the budget; the
+never empty). A step that serves a listener about to run dry serves only such listeners:
+every member makes a step longer, and that step has to end before the listener's audio
+does; newcomers and comfortable listeners wait one short step. A stream joins only while its memory fits what is left of the budget; the
 first newcomer that does not fit waits, and no later newcomer passes it, so a large
 utterance is not starved by a run of small ones.
 """
@@ -72,6 +74,8 @@ def pick(
     now = time.monotonic() if now is None else now
     ready = [u for u in utterances if u.runnable() and not u.backlogged()]
     ready.sort(key=lambda u: priority(u, now))
+    if ready and priority(ready[0], now)[0] == 0:
+        ready = [u for u in ready if priority(u, now)[0] == 0]
     batch: list[T] = []
     spent = 0
     memory_blocked = False

@@ -47,6 +47,15 @@ class WorkerStats:
     """Times a stream that was due to run waited because the memory budget was spent."""
 
 
+# An idle worker woken by a request waits until none has come for this long (at most
+# GATHER_CAP times as long) before its first step, so that a burst of newcomers (whose
+# requests land a few milliseconds apart) shares one step: otherwise the first is
+# stepped alone, the others join the step after, and the ones that then miss the budget
+# (behind listeners already urgent) wait a third. A lone request pays GATHER_SECONDS.
+GATHER_SECONDS = 0.004
+GATHER_CAP = 5
+
+
 class State(Enum):
     """Where an utterance is in its life. The first three are alive; the last three are
     ended, each once, by the worker (or by a watchdog that gives up on its thread)."""
@@ -208,9 +217,12 @@ class Worker:
         warmup: bool = True,
         max_batch: int | None = None,
         memory_budget: int | None = None,
+        gather_seconds: float = GATHER_SECONDS,
     ) -> None:
         """``max_batch`` caps the engine's own batch size (1 turns batching off);
-        ``memory_budget`` (bytes) replaces the engine's own budget for its streams."""
+        ``memory_budget`` (bytes) replaces the engine's own budget for its streams;
+        ``gather_seconds``: how long an idle worker lets newcomers gather (GATHER_SECONDS)."""
+        self.gather_seconds = gather_seconds if max_batch != 1 else 0.0
         self.stats = WorkerStats()
         self.on_step: Callable[[float, int], None] | None = None
         """Called on this thread with each engine step's duration and batch size (a
@@ -377,8 +389,12 @@ class Worker:
         seen = -1
         while True:
             with self._cond:
+                idle = False
                 while self._changes == seen and not self._stopping:
                     self._cond.wait()  # nothing could run, and nothing has changed since
+                    idle = True
+                if idle and self.gather_seconds > 0 and all(u.stream is None for u in self._utterances):
+                    self._gather()
                 if self._stopping:
                     return
                 seen = self._changes
@@ -397,6 +413,19 @@ class Worker:
                 self._step(engine, batch)
             if batch or opened or cancelled:
                 seen = -1  # made progress: look again at once
+
+    def _gather(self) -> None:
+        """Woken from idle by a newcomer: wait for the rest of its burst, until no request
+        has come for ``gather_seconds`` (at most GATHER_CAP times that), so that all of
+        them share the first step instead of queueing behind a step of one. Called
+        holding the lock, which ``wait`` releases."""
+        now = time.monotonic()
+        quiet_until, cap = now + self.gather_seconds, now + GATHER_CAP * self.gather_seconds
+        while not self._stopping and (left := min(quiet_until, cap) - time.monotonic()) > 0:
+            changes = self._changes
+            self._cond.wait(left)
+            if self._changes != changes:  # another arrived: the burst may go on
+                quiet_until = time.monotonic() + self.gather_seconds
 
     def _run_call(self, engine: Engine, fn: Callable[[Engine], object], future: Future[object]) -> None:
         if not future.set_running_or_notify_cancel():

@@ -24,6 +24,9 @@ class CacheKey:
     voice: str
     speed: float
     text: str
+    fast_start: bool | None = None
+    """The request's own schedule choice: a rendering on one schedule never answers a
+    request for the other."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,8 @@ class ResultCache:
         return self.max_bytes // 4
 
     @staticmethod
-    def key(engine: str, voice: str, speed: float, text: str) -> CacheKey:
-        return CacheKey(engine, voice, speed, normalize(text))
+    def key(engine: str, voice: str, speed: float, text: str, fast_start: bool | None = None) -> CacheKey:
+        return CacheKey(engine, voice, speed, normalize(text), fast_start)
 
     def get(self, key: CacheKey, with_words: bool = False) -> CachedAudio | None:
         """The entry for ``key``; with ``with_words``, only one that has word timings (a

@@ -449,7 +449,11 @@ class Pipeline:
             raise Refused("overloaded", "the server is at capacity; try again shortly", RETRY_AFTER_MS)
         worker = self._worker()
         engine = worker.loaded_engine()
-        key = self.cache.key(engine.name, settings.voice, settings.speed, request.text) if self.cache.enabled else None
+        key = (
+            self.cache.key(engine.name, settings.voice, settings.speed, request.text, settings.fast_start)
+            if self.cache.enabled
+            else None
+        )
         # Only a one-shot utterance can be looked up: streamed text is not known yet.
         hit = self.cache.get(key, with_words=settings.timestamps) if key is not None and request.final else None
         if hit is not None:

@@ -84,6 +84,31 @@ async def test_utterances_that_arrive_together_advance_in_one_step(stopping):
     assert sum(n * k for n, k in worker.stats.batch_sizes.items()) == 1 + sum(len(t.split()) for t in texts)
 
 
+async def test_an_idle_worker_lets_a_burst_gather_into_its_first_step(stopping):
+    # A wide window, so that the arrivals below (50 ms apart) are surely inside it.
+    engine = BatchToneEngine(max_batch=4)
+    worker = start(engine, gather_seconds=0.5)
+    stopping.append((worker, engine))
+    burst = [speak(worker, "one two.")]
+    for text in ("three four.", "five six."):
+        await asyncio.sleep(0.05)
+        assert engine.entered == 0  # each arrival keeps the window open
+        burst.append(speak(worker, text))
+    await asyncio.gather(*(drain(u) for u in burst))
+    assert [len(b) for b in engine.batches] == [3, 3]
+
+    # Without the window the first arrival is stepped alone, and the rest join later.
+    engine2 = BatchToneEngine(max_batch=4, gated=True)
+    worker2 = start(engine2, gather_seconds=0.0)
+    stopping.append((worker2, engine2))
+    first = speak(worker2, "one two.")
+    await wait_until(lambda: engine2.entered == 1)
+    rest = [speak(worker2, "three four."), speak(worker2, "five six.")]
+    engine2.permits.release(100)
+    await asyncio.gather(drain(first), *(drain(u) for u in rest))
+    assert len(engine2.batches[0]) == 1
+
+
 async def test_a_newcomer_joins_between_steps_and_max_batch_1_turns_batching_off(stopping):
     engine = BatchToneEngine(max_batch=4, gated=True)
     worker = start(engine, max_batch=1)
@@ -97,12 +122,16 @@ async def test_a_newcomer_joins_between_steps_and_max_batch_1_turns_batching_off
     engine2 = BatchToneEngine(max_batch=4, gated=True)
     worker2 = start(engine2)
     stopping.append((worker2, engine2))
-    first = speak(worker2, "one two three four five.")
+    # Slow speech (a second a word) keeps both far ahead of their listeners: an urgent
+    # stream would keep the other out of its steps (test_scheduler.py).
+    first = worker2.submit(SynthesisParams(voice="tone", speed=0.1), asyncio.get_running_loop())
+    first.feed("one two three four five.", final=True)
     await wait_until(lambda: first.stream is not None)
     engine2.permits.release(2)
     await wait_until(lambda: first.steps == 2)
     # The worker waits inside step 3, which began without the newcomer: it joins at 4.
-    late = speak(worker2, "six seven.")
+    late = worker2.submit(first.params, asyncio.get_running_loop())
+    late.feed("six seven.", final=True)
     engine2.permits.release(100)
     await asyncio.gather(drain(first), drain(late))
     assert [len(b) for b in engine2.batches] == [1, 1, 1, 2, 2]

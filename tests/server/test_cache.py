@@ -25,6 +25,10 @@ async def test_a_repeat_streams_from_the_cache_and_says_so():
         assert again.done["segments"] == first.done["segments"]
         different = await synthesize_async(TEXT, s.ws, speed=1.3)
         assert different.done["cached"] is False  # speed is part of the key
+        # So is the schedule a request chose (Piper ignores it, the cache does not).
+        fast = await synthesize_async(TEXT, s.ws, fast_start=True)
+        fast_again = await synthesize_async(TEXT, s.ws, fast_start=True)
+        assert fast.done["cached"] is False and fast_again.done["cached"] is True
 
 
 async def test_it_can_be_switched_off():
