@@ -136,6 +136,11 @@ class Engine(ABC):
     step_budget: int | None = None
     """The most ``Stream.cost`` units one step may take on (None: no bound). The first
     stream chosen always goes in, whatever its cost."""
+    width_costs_time: bool = True
+    """Whether each stream in a step makes the step take longer, as on a CPU, whose cores
+    one stream already fills. The scheduler then gives newcomers, listeners about to run
+    dry and comfortable listeners steps of their own, so that none waits for another
+    kind's work. On a GPU a wider step costs little more, and they share steps."""
     memory_budget: int | None = None
     """Bytes of ``Stream.memory_bytes`` the engine's streams may hold together (None: no
     bound); the server's setting overrides it."""

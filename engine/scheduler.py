@@ -13,9 +13,12 @@
 
 Each step advances a batch: utterances are taken in that order up to the engine's batch
 size, and while their work fits the step budget (the first always goes in, so a step is
-never empty). A step that serves a listener about to run dry serves only such listeners:
-every member makes a step longer, and that step has to end before the listener's audio
-does; newcomers and comfortable listeners wait one short step. A stream joins only while its memory fits what is left of the budget; the
+never empty). Where every member makes a step longer (a CPU), a step serves one kind:
+listeners about to run dry, or newcomers, or comfortable listeners, the first kind in
+that order. A dry listener's step has to end before its audio does, and a newcomer's first
+audio should not wait for chunks that nobody needs yet; the others wait one short step.
+On a GPU the kinds share steps, which cost little more for being wider. A stream joins
+only while its memory fits what is left of the budget; the
 first newcomer that does not fit waits, and no later newcomer passes it, so a large
 utterance is not starved by a run of small ones.
 """
@@ -67,15 +70,18 @@ def pick(
     budget: int | None = None,
     memory_left: int | None = None,
     now: float | None = None,
+    one_kind: bool = False,
 ) -> list[T]:
     """The next step's batch, most urgent first: at most ``limit`` utterances whose
     ``cost`` adds up to at most ``budget`` (past the first), and whose new streams'
-    ``memory_needed`` fits ``memory_left`` (None: no bound)."""
+    ``memory_needed`` fits ``memory_left`` (None: no bound). With ``one_kind``, only
+    utterances of the first one's kind (about to run dry, new, comfortable)."""
     now = time.monotonic() if now is None else now
     ready = [u for u in utterances if u.runnable() and not u.backlogged()]
     ready.sort(key=lambda u: priority(u, now))
-    if ready and priority(ready[0], now)[0] == 0:
-        ready = [u for u in ready if priority(u, now)[0] == 0]
+    if one_kind and ready:
+        kind = priority(ready[0], now)[0]
+        ready = [u for u in ready if priority(u, now)[0] == kind]
     batch: list[T] = []
     spent = 0
     memory_blocked = False

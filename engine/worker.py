@@ -487,7 +487,8 @@ class Worker:
             candidates = [u for u in self._utterances if u.stream is not None and u.state not in ENDED]
         left = None if self.memory_budget is None else self.memory_budget - self.memory_used
         assert self.engine is not None
-        batch = scheduler.pick(candidates, limit=self.max_batch, budget=self.engine.step_budget, memory_left=left)
+        batch = scheduler.pick(candidates, limit=self.max_batch, budget=self.engine.step_budget, memory_left=left,
+                               one_kind=self.engine.width_costs_time)
         for u in batch:
             if not u.admitted:
                 self.memory_used += u.admit()

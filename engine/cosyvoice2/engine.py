@@ -131,6 +131,7 @@ class CosyVoice2Engine(Engine):
             raise ValueError(f"vocoder_seams must be official or project, not {vocoder_seams!r}")
         self.batcher = Batcher(self.models, self.stats, first_chunk_tokens, fast_start, vocoder_seams)
         self.max_batch, self.step_budget, self.memory_budget = batch_limits(dev, max_batch, memory_budget)
+        self.width_costs_time = dev.type != "cuda"
         self.store = VoiceStore(voices_dir)
         self._seed = seed if seed is not None else secrets.randbits(62)
         self._utterance = 0

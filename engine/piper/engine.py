@@ -191,6 +191,7 @@ class PiperEngine(Engine):
             gpu = device.startswith("cuda")
             self.max_batch = GPU_MAX_BATCH if gpu else CPU_MAX_BATCH
             self.step_budget = GPU_STEP_FRAMES if gpu else CPU_STEP_FRAMES
+            self.width_costs_time = not gpu
         self._voices = {f.id: _LoadedVoice(f, backend, device, threads) for f in files}
         rates = {v.config.sample_rate for v in self._voices.values()}
         if len(rates) != 1:

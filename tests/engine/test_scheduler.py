@@ -35,16 +35,26 @@ def test_waiting_for_first_audio_comes_before_playing_oldest_first():
     assert [u.name for u in order] == ["early", "late", "playing"]
 
 
-def test_a_listener_about_to_run_dry_goes_before_newcomers_in_a_step_of_its_own_kind():
+def test_a_listener_about_to_run_dry_goes_before_newcomers():
     dry_soon = U("dry", 0.0, first_audio_at=1.0, produced_seconds=0.25)  # dry at 1.25
     drier = U("drier", 0.0, first_audio_at=1.0, produced_seconds=0.2)  # dry at 1.2
     comfortable = U("ok", 0.0, first_audio_at=1.0, produced_seconds=5.0)
     new = U("new", 1.1)
-    # 0.15 s left < URGENT_SECONDS: only listeners that close to running dry share the
-    # step (a longer step would make them run dry), the earliest deadline first.
+    # 0.15 s left < URGENT_SECONDS: the earliest deadline first, then newcomers.
     order = pick([comfortable, new, dry_soon, drier], limit=4, now=1.1)
-    assert [u.name for u in order] == ["drier", "dry"]
+    assert [u.name for u in order] == ["drier", "dry", "new", "ok"]
     assert [u.name for u in pick([comfortable, new], limit=4, now=1.1)] == ["new", "ok"]
+
+
+def test_one_kind_gives_each_kind_a_step_of_its_own():
+    dry = U("dry", 0.0, first_audio_at=1.0, produced_seconds=0.2)
+    comfortable = U("ok", 0.0, first_audio_at=1.0, produced_seconds=5.0)
+    also_ok = U("ok2", 0.0, first_audio_at=1.0, produced_seconds=6.0)
+    new, newer = U("new", 1.05), U("newer", 1.08)
+    everyone = [comfortable, new, dry, also_ok, newer]
+    assert [u.name for u in pick(everyone, limit=8, now=1.1, one_kind=True)] == ["dry"]
+    assert [u.name for u in pick(everyone[:2] + everyone[3:], limit=8, now=1.1, one_kind=True)] == ["new", "newer"]
+    assert [u.name for u in pick([comfortable, also_ok], limit=8, now=1.1, one_kind=True)] == ["ok", "ok2"]
 
 
 def test_earliest_playback_deadline_first():

@@ -122,19 +122,34 @@ async def test_a_newcomer_joins_between_steps_and_max_batch_1_turns_batching_off
     engine2 = BatchToneEngine(max_batch=4, gated=True)
     worker2 = start(engine2)
     stopping.append((worker2, engine2))
-    # Slow speech (a second a word) keeps both far ahead of their listeners: an urgent
-    # stream would keep the other out of its steps (test_scheduler.py).
-    first = worker2.submit(SynthesisParams(voice="tone", speed=0.1), asyncio.get_running_loop())
-    first.feed("one two three four five.", final=True)
+    first = speak(worker2, "one two three four five.")
     await wait_until(lambda: first.stream is not None)
     engine2.permits.release(2)
     await wait_until(lambda: first.steps == 2)
     # The worker waits inside step 3, which began without the newcomer: it joins at 4.
-    late = worker2.submit(first.params, asyncio.get_running_loop())
-    late.feed("six seven.", final=True)
+    late = speak(worker2, "six seven.")
     engine2.permits.release(100)
     await asyncio.gather(drain(first), drain(late))
     assert [len(b) for b in engine2.batches] == [1, 1, 1, 2, 2]
+
+
+async def test_where_width_costs_time_a_newcomer_has_its_first_step_to_itself(stopping):
+    engine = BatchToneEngine(max_batch=4, gated=True)
+    engine.width_costs_time = True
+    worker = start(engine)
+    stopping.append((worker, engine))
+    # Slow speech (a second a word) keeps the first far ahead of its listener.
+    first = worker.submit(SynthesisParams(voice="tone", speed=0.1), asyncio.get_running_loop())
+    first.feed("one two three four five.", final=True)
+    await wait_until(lambda: first.stream is not None)
+    engine.permits.release(2)
+    await wait_until(lambda: first.steps == 2)
+    late = worker.submit(first.params, asyncio.get_running_loop())
+    late.feed("six seven.", final=True)
+    engine.permits.release(100)
+    await asyncio.gather(drain(first), drain(late))
+    # Step 4 is the newcomer's first chunk alone; then the two share steps.
+    assert [len(b) for b in engine.batches] == [1, 1, 1, 1, 2, 1]
 
 
 async def test_a_cancelled_member_leaves_before_the_next_step_and_the_others_finish(stopping):
