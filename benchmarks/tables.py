@@ -24,7 +24,8 @@ from benchmarks import report
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
-BLOCK = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- /table -->)", re.S)
+BLOCK = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)((?:(?!<!-- table: ).)*?)(<!-- /table -->)", re.S)
+OPENING = re.compile(r"^<!-- table: (\S+) (\S+) -->$", re.M)
 
 
 def _f(x: float, digits: int = 1) -> str:
@@ -210,6 +211,11 @@ def render(name: str, path: str, base: Path = HERE) -> str:
 def regenerate(text: str, base: Path = HERE) -> tuple[str, list[str]]:
     """The README with every table rendered afresh, and the names of those that changed."""
     changed: list[str] = []
+    closed = {m.start() for m in BLOCK.finditer(text)}
+    unclosed = [m.group(0) for m in OPENING.finditer(text) if m.start() not in closed]
+    if unclosed:
+        # Without this, the body would run on to the next table's end and swallow the text between.
+        raise ValueError(f"no <!-- /table --> before the next table for: {unclosed}")
 
     def one(m: re.Match[str]) -> str:
         fresh = render(m.group(2), m.group(3), base)
