@@ -73,9 +73,10 @@ class Plan:
         return {
             "tiny": Plan(warmup=1, rounds=1, length_repeats=1, sweep_levels=(2,), burst_levels=(2,), utterances=2,
                          sweep_all=True, readers=2, lengths=(3, 10)),
-            # Real-time listeners take real time: a level of 20 utterances of about 5 s
-            # each, shared by 4 listeners, is 25 s a server.
-            "quick": Plan(warmup=2, rounds=5, length_repeats=3, sweep_levels=(4,), burst_levels=(4,), utterances=20,
+            # Real-time listeners take real time: a level of 12 utterances of about 5 s
+            # each, shared by 4 listeners, is 15 s a server (20, and 5 rounds, took the
+            # run past 2 minutes on a 2-core machine).
+            "quick": Plan(warmup=1, rounds=4, length_repeats=3, sweep_levels=(4,), burst_levels=(4,), utterances=12,
                           sweep_all=False, readers=0),
             "full": Plan(warmup=2, rounds=10, length_repeats=5, sweep_levels=(2, 4, 8), burst_levels=(2, 4, 8, 16),
                          utterances=40, sweep_all=True, readers=50),
@@ -147,11 +148,15 @@ async def measure(openers: list[Opener], plan: Plan, main_name: str) -> dict[str
             for name, s in sessions.items():
                 r = await s.speak(corpus.WARMUP[k % len(corpus.WARMUP)])
                 warmup_errors[name] += r.error is not None
+        names = list(sessions)
         for i in range(plan.rounds):
-            for name, s in sessions.items():
-                raw[name]["three"].append(await s.speak(corpus.THREE_SENTENCES))
-            for name, s in sessions.items():
-                raw[name]["replies"].append(await s.speak(replies[i % len(replies)]))
+            # Each round starts at the next server: whoever follows a peer's onnxruntime,
+            # whose threads spin on for a while after each answer, starts on a busy CPU.
+            turn = names[i % len(names):] + names[:i % len(names)]
+            for name in turn:
+                raw[name]["three"].append(await sessions[name].speak(corpus.THREE_SENTENCES))
+            for name in turn:
+                raw[name]["replies"].append(await sessions[name].speak(replies[i % len(replies)]))
         log("TTFA against first-sentence length")
         lengths: list[dict[str, Any]] = []
         length_texts = [corpus.first_sentence(w) for w in plan.lengths]
