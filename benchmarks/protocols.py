@@ -216,27 +216,31 @@ class WyomingSession:
     streams the text (``synthesize-start/chunk/stop``) when the server's ``describe``
     says it can, else sends one ``synthesize``."""
 
-    def __init__(self, url: str, streaming: bool) -> None:
+    def __init__(self, url: str, streaming: bool, voice: str | None = None) -> None:
         parts = urlsplit(url)
         self.host, self.port, self.streaming = parts.hostname or "127.0.0.1", parts.port or 10200, streaming
+        self.voice = voice
 
     async def speak(self, text: str) -> UtteranceResult:
         from wyoming.audio import AudioChunk, AudioStop
         from wyoming.client import AsyncTcpClient
         from wyoming.error import Error
-        from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
+        from wyoming.tts import (
+            Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice,
+        )
 
         arrivals: list[float] = []
         durations: list[float] = []
         sent = time.perf_counter()
         try:
             async with AsyncTcpClient(self.host, self.port) as client:
+                voice = SynthesizeVoice(name=self.voice) if self.voice else None
                 if self.streaming:
-                    await client.write_event(SynthesizeStart().event())
+                    await client.write_event(SynthesizeStart(voice=voice).event())
                     await client.write_event(SynthesizeChunk(text=text).event())
                     await client.write_event(SynthesizeStop().event())
                 else:
-                    await client.write_event(Synthesize(text=text).event())
+                    await client.write_event(Synthesize(text=text, voice=voice).event())
                 while True:
                     event = await asyncio.wait_for(client.read_event(), TIMEOUT_S)
                     now = time.perf_counter() - sent

@@ -10,7 +10,8 @@
   the proxy, the audio computed per reader, half-way through ``--stall-seconds`` and at
   its end.
 - Streams held: ``--held`` sockets opened on one replica at once, each answered ``ready``,
-  then one short utterance on each of 8 of them at once.
+  then one short utterance on each of 8 of them at once; then twice as many on two
+  replicas, and how many each replica holds.
 
 Ray runs locally with 2 CPUs, one replica of one CPU; results go to
 benchmarks/results/ray/ as JSON.
@@ -87,7 +88,10 @@ async def stalled(url: str, pid_rss, readers: int, progress: bool, seconds: floa
     return out
 
 
-async def held(url: str, count: int) -> dict[str, Any]:
+async def held(url: str, count: int, probe=None, replicas: int = 1) -> dict[str, Any]:
+    """``count`` sockets held at once, every one answered ``ready``; then one short
+    utterance on each of 8 of them at once. With ``probe``, the sockets each replica holds
+    (a handle's call reaches a replica of Ray's choosing: asked until all have answered)."""
     sockets = []
     for _ in range(count):
         ws = await websockets.connect(url, max_size=None)
@@ -101,10 +105,19 @@ async def held(url: str, count: int) -> dict[str, Any]:
             pass
         return time.perf_counter() - start
 
+    by_replica: dict[str, int] = {}
+    for _ in range(50 if probe is not None else 0):
+        state = await probe()
+        by_replica[state["replica"]] = state["connections"]
+        if len(by_replica) == replicas:
+            break
     took = await asyncio.gather(*(one(ws) for ws in sockets[:8]))
     for ws in sockets:
         await ws.close()
-    return {"held": count, "all_ready": True, "speaking_at_once": 8, "slowest_utterance_s": round(max(took), 2)}
+    out = {"held": count, "all_ready": True, "speaking_at_once": 8, "slowest_utterance_s": round(max(took), 2)}
+    if by_replica:
+        out["sockets_by_replica"] = sorted(by_replica.values())
+    return out
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -151,6 +164,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         }
         if args.held:
             result["held_one_replica"] = await held(urls["ray"], args.held)
+            # Two replicas of one CPU each, on the same 2 CPUs: twice the sockets.
+            serve.run(app.options(num_replicas=2).bind({"engine": "piper", "cache_mb": 0}), name="bench", route_prefix="/")
+            result["held_two_replicas"] = await held(urls["ray"], 2 * args.held, probe, replicas=2)
         return result
     finally:
         serve.shutdown()

@@ -117,6 +117,13 @@ def ray_proxy(r: dict[str, Any]) -> list[str]:
             f"| sockets held on one replica | | {held['held']}, all ready; {held['speaking_at_once']} speaking "
             f"at once, slowest {held['slowest_utterance_s']:.1f} s |"
         )
+    two = r.get("held_two_replicas")
+    if two:
+        split = " + ".join(map(str, two.get("sockets_by_replica", [])))
+        lines.append(
+            f"| sockets held on two replicas | | {two['held']}, all ready ({split or 'split not read'}); "
+            f"{two['speaking_at_once']} speaking at once, slowest {two['slowest_utterance_s']:.1f} s |"
+        )
     return lines
 
 

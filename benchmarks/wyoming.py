@@ -21,20 +21,16 @@ import asyncio
 import contextlib
 import os
 import statistics
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from wyoming.audio import AudioChunk, AudioStop
-from wyoming.client import AsyncTcpClient
-from wyoming.error import Error
-from wyoming.tts import Synthesize, SynthesizeVoice
 
 from benchmarks.corpus import THREE_SENTENCES, WARMUP
 from benchmarks.peers import START_TIMEOUT_S, launch_wyoming_piper
+from benchmarks.protocols import WyomingSession
 from benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from benchmarks.report import save_results
 
@@ -51,32 +47,13 @@ class Reading:
     chunks: int
 
 
-async def synthesize(host: str, port: int, text: str, voice: str | None = None, timeout: float = 300) -> Reading:
-    """One ``synthesize`` on a fresh connection, as Home Assistant sends it, read to ``audio-stop``."""
-    async with AsyncTcpClient(host, port) as client:
-        sent = time.perf_counter()
-        await client.write_event(Synthesize(text=text, voice=SynthesizeVoice(name=voice) if voice else None).event())
-        first: float | None = None
-        samples = chunks = 0
-        while True:
-            event = await asyncio.wait_for(client.read_event(), timeout)
-            if event is None:
-                raise ConnectionError("the server closed the connection before audio-stop")
-            if Error.is_type(event.type):
-                raise RuntimeError(f"server error: {Error.from_event(event)}")
-            if AudioChunk.is_type(event.type):
-                chunk = AudioChunk.from_event(event)
-                if first is None:
-                    first = time.perf_counter()
-                samples += len(chunk.audio) // (chunk.width * chunk.channels)
-                chunks += 1
-                rate = chunk.rate
-            elif AudioStop.is_type(event.type):
-                end = time.perf_counter()
-                break
-    if first is None:
-        raise RuntimeError("no audio came")
-    return Reading(round((first - sent) * 1000, 1), round((end - sent) * 1000, 1), round(samples / rate, 3), chunks)
+async def synthesize(host: str, port: int, text: str, voice: str | None = None) -> Reading:
+    """One ``synthesize`` on a fresh connection, as Home Assistant sends it, read to
+    ``audio-stop``: the bench's own Wyoming client, timed from opening the connection."""
+    r = await WyomingSession(f"tcp://{host}:{port}", streaming=False, voice=voice).speak(text)
+    if r.error is not None:
+        raise RuntimeError(f"{host}:{port} answered with an error: {r.error}")
+    return Reading(round(r.ttfa_ms, 1), round(r.total_ms, 1), round(r.audio_ms / 1000, 3), r.frames)
 
 
 # -- the servers --------------------------------------------------------------------------------
