@@ -20,9 +20,7 @@ def test_every_readme_table_is_generated_from_its_stored_result():
     fresh, changed = tables.regenerate(text)
     assert changed == [], f"stale tables, run python -m benchmarks.tables: {changed}"
     assert fresh == text
-    # Still copied from the console, until `python -m benchmarks.piper_chunked --out
-    # benchmarks/results/piper_chunked` is run on a quiet machine and its markers become tables.
-    assert tables.console_tables(text) == ["piper_chunked", "piper_chunked"]
+    assert tables.console_tables(text) == []  # no table copied from a console any more
 
 
 def test_a_changed_result_shows_as_a_stale_table(tmp_path):
