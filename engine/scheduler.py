@@ -17,6 +17,7 @@ never empty). Where every member makes a step longer (a CPU), a step serves one 
 listeners about to run dry, or newcomers, or comfortable listeners, the first kind in
 that order. A dry listener's step has to end before its audio does, and a newcomer's first
 audio should not wait for chunks that nobody needs yet; the others wait one short step.
+There a newcomers' step is bounded by the batch size alone, not the step budget.
 On a GPU the kinds share steps, which cost little more for being wider. A stream joins
 only while its memory fits what is left of the budget; the
 first newcomer that does not fit waits, and no later newcomer passes it, so a large
@@ -54,11 +55,15 @@ def playback_deadline(u: Schedulable) -> float:
 URGENT_SECONDS = 0.2
 
 
+DRY, NEW, PLAYING = 0, 1, 2
+"""The kinds, in the order they are served."""
+
+
 def priority(u: Schedulable, now: float) -> tuple[int, float]:
     if u.first_audio_at is None:
-        return (1, u.submitted_at)
+        return (NEW, u.submitted_at)
     deadline = playback_deadline(u)
-    return (0 if deadline - now < URGENT_SECONDS else 2, deadline)
+    return (DRY if deadline - now < URGENT_SECONDS else PLAYING, deadline)
 
 
 T = TypeVar("T", bound=Schedulable)
@@ -82,6 +87,11 @@ def pick(
     if one_kind and ready:
         kind = priority(ready[0], now)[0]
         ready = [u for u in ready if priority(u, now)[0] == kind]
+        if kind == NEW:
+            # Newcomers wait for their first audio whatever the step's length, and the
+            # burst's saving is its width: only the batch size bounds their step. The
+            # budget keeps the listeners' steps short, so none waits long to be served.
+            budget = None
     batch: list[T] = []
     spent = 0
     memory_blocked = False

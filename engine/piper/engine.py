@@ -43,10 +43,13 @@ _MAX_GAIN = 4.0
 # instead of one per sentence length keeps oneDNN's per-shape kernels and memory bounded.
 PHONEME_BUCKET = 32
 # Batching on a CPU saves little arithmetic (the decoder's convolutions already fill the
-# cores) but lets a burst of newcomers share one step; the step budget, in decoded frames,
-# keeps such a step to about eight first chunks (8 x 32 frames) so that listeners already
-# playing are not kept waiting behind one huge step. A GPU gains throughput from width.
-CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 256
+# cores) but lets a burst of newcomers share one step (up to 8 first chunks: the scheduler
+# bounds a newcomers' step by the batch size alone). The step budget, in decoded frames,
+# keeps a step of listeners already playing to about four first chunks' work (4 x 32
+# frames), so that none waits long behind a wide step: with 256 the bench's staggered
+# listeners underran at 8 where 128 held them (benchmarks/README.md, batching).
+# A GPU gains throughput from width.
+CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
 # What a sentence's first step decodes: its first chunk and context, in a bucketed window.
 _FIRST_WINDOW_FRAMES = -(-(FIRST_CHUNK_FRAMES + CONTEXT_FRAMES) // SHAPE_BUCKET) * SHAPE_BUCKET
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096

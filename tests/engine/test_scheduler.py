@@ -57,6 +57,14 @@ def test_one_kind_gives_each_kind_a_step_of_its_own():
     assert [u.name for u in pick([comfortable, also_ok], limit=8, now=1.1, one_kind=True)] == ["ok", "ok2"]
 
 
+def test_with_one_kind_only_the_batch_size_bounds_a_newcomers_step():
+    newcomers = [U(f"n{i}", 1.0 + i / 100, work=32) for i in range(6)]
+    playing = [U(f"p{i}", 0.0, first_audio_at=1.0, produced_seconds=5.0, work=32) for i in range(6)]
+    assert len(pick(newcomers, limit=4, budget=64, now=2.0, one_kind=True)) == 4
+    assert len(pick(playing, limit=4, budget=64, now=2.0, one_kind=True)) == 2
+    assert len(pick(newcomers, limit=4, budget=64, now=2.0)) == 2  # kinds mixed: the budget holds
+
+
 def test_earliest_playback_deadline_first():
     a = U("a", 0.0, first_audio_at=1.0, produced_seconds=3.0)  # runs dry at 4.0
     b = U("b", 0.0, first_audio_at=2.0, produced_seconds=1.5)  # runs dry at 3.5
