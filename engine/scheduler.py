@@ -15,13 +15,14 @@ Each step advances a batch: utterances are taken in that order up to the engine'
 size, and while their work fits the step budget (the first always goes in, so a step is
 never empty). Where every member makes a step longer (a CPU), a step serves one kind:
 listeners about to run dry, or newcomers, or comfortable listeners, the first kind in
-that order. A dry listener's step has to end before its audio does, and a newcomer's first
-audio should not wait for chunks that nobody needs yet; the others wait one short step.
-There a newcomers' step is bounded by the batch size alone, not the step budget.
-On a GPU the kinds share steps, which cost little more for being wider. A stream joins
-only while its memory fits what is left of the budget; the
-first newcomer that does not fit waits, and no later newcomer passes it, so a large
-utterance is not starved by a run of small ones.
+that order. A dry listener's step has to end before its audio does, and a newcomer's
+first audio should not wait for chunks that nobody needs yet; the others wait one short
+step. There a newcomers' step is bounded by the batch size alone, not the step budget.
+On a GPU the kinds share steps, which cost little more for being wider.
+
+A stream joins only while its memory fits what is left of the budget; the first
+newcomer that does not fit waits, and no later newcomer passes it, so a large utterance
+is not starved by a run of small ones.
 """
 
 from __future__ import annotations
