@@ -27,6 +27,7 @@ import asyncio
 import importlib.util
 import json
 import math
+import random
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ from benchmarks.protocols import Opener, Target
 from benchmarks.stats import summary
 
 TTFA_TARGET_MS = 300.0
+SETTLE_S = 0.25
+"""The pause before each concurrency-1 utterance: the previous server's threads go idle."""
 START_TIMEOUT_S = 600.0
 VOXWIRE = "Voxwire (ws, protocol v1)"
 VOXWIRE_OPENAI = "Voxwire (OpenAI route)"
@@ -150,12 +153,17 @@ async def measure(openers: list[Opener], plan: Plan, main_name: str) -> dict[str
                 warmup_errors[name] += r.error is not None
         names = list(sessions)
         for i in range(plan.rounds):
-            # Each round starts at the next server: whoever follows a peer's onnxruntime,
-            # whose threads spin on for a while after each answer, starts on a busy CPU.
-            turn = names[i % len(names):] + names[:i % len(names)]
+            # A server that has just answered keeps the CPU busy for a while (onnxruntime's
+            # threads spin on after each run): each utterance starts after a pause, and the
+            # order is shuffled each round, so that no server always follows the same one
+            # (rotating the order would keep every neighbour: the socket always came right
+            # after Piper's HTTP server, and was 30-40 ms slower than Voxwire's other doors).
+            turn = random.Random(i).sample(names, len(names))
             for name in turn:
+                await asyncio.sleep(SETTLE_S)
                 raw[name]["three"].append(await sessions[name].speak(corpus.THREE_SENTENCES))
             for name in turn:
+                await asyncio.sleep(SETTLE_S)
                 raw[name]["replies"].append(await sessions[name].speak(replies[i % len(replies)]))
         log("TTFA against first-sentence length")
         lengths: list[dict[str, Any]] = []
