@@ -159,12 +159,10 @@ async def measure(openers: list[Opener], plan: Plan, main_name: str) -> dict[str
             # (rotating the order would keep every neighbour: the socket always came right
             # after Piper's HTTP server, and was 30-40 ms slower than Voxwire's other doors).
             turn = random.Random(i).sample(names, len(names))
-            for name in turn:
-                await asyncio.sleep(SETTLE_S)
-                raw[name]["three"].append(await sessions[name].speak(corpus.THREE_SENTENCES))
-            for name in turn:
-                await asyncio.sleep(SETTLE_S)
-                raw[name]["replies"].append(await sessions[name].speak(replies[i % len(replies)]))
+            for kind, text in (("three", corpus.THREE_SENTENCES), ("replies", replies[i % len(replies)])):
+                for name in turn:
+                    await asyncio.sleep(SETTLE_S)
+                    raw[name][kind].append(await sessions[name].speak(text))
         log("TTFA against first-sentence length")
         lengths: list[dict[str, Any]] = []
         length_texts = [corpus.first_sentence(w) for w in plan.lengths]

@@ -13,8 +13,8 @@
   then one short utterance on each of 8 of them at once; then twice as many on two
   replicas, and how many each replica holds.
 
-Ray runs locally with 2 CPUs, one replica of one CPU; results go to
-benchmarks/results/ray/ as JSON.
+Ray runs locally with 2 CPUs, one replica of one CPU (two for the last measure); results
+go to benchmarks/results/ray/ as JSON.
 """
 
 from __future__ import annotations
