@@ -37,13 +37,12 @@ from typing import Any
 
 from benchmarks import corpus, floor, loadgen, machine, memory, peers, report
 from benchmarks.loadgen import UtteranceResult
+from benchmarks.peers import SETTLE_S
 from benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from benchmarks.protocols import Opener, Target
 from benchmarks.stats import summary
 
 TTFA_TARGET_MS = 300.0
-SETTLE_S = 0.25
-"""The pause before each concurrency-1 utterance: the previous server's threads go idle."""
 START_TIMEOUT_S = 600.0
 VOXWIRE = "Voxwire (ws, protocol v1)"
 VOXWIRE_OPENAI = "Voxwire (OpenAI route)"

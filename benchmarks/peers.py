@@ -21,6 +21,10 @@ from typing import Callable
 from benchmarks.process import free_port, stop, wait_http, wait_tcp
 
 START_TIMEOUT_S = 600.0
+SETTLE_S = 0.25
+"""The pause before each measured utterance when servers take turns on one machine: a
+server that has just answered keeps the CPU busy for a while (onnxruntime's threads spin
+on after each run), and whoever speaks next would pay for it."""
 
 
 @dataclass

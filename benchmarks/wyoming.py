@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.corpus import THREE_SENTENCES, WARMUP
-from benchmarks.peers import START_TIMEOUT_S, launch_wyoming_piper
+from benchmarks.peers import SETTLE_S, START_TIMEOUT_S, launch_wyoming_piper
 from benchmarks.protocols import WyomingSession
 from benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from benchmarks.report import save_results
@@ -106,14 +106,19 @@ async def measure(servers: dict[str, tuple[int, str | None]], rounds: int) -> di
         for text in WARMUP:
             await synthesize("127.0.0.1", port, text, voice)
     for i in range(rounds):
-        # Alternate who goes first, so neither always follows the other's load.
+        # Alternate who goes first, and pause before each measure: whoever spoke last
+        # (wyoming-piper's onnxruntime threads spin on after each run) would otherwise
+        # weigh on the next. Without the pause Voxwire's first chunk came 25-35 ms later
+        # in the rounds where it followed wyoming-piper (80 and 110 ms, alternately).
         order = list(servers.items()) if i % 2 == 0 else list(reversed(servers.items()))
         for name, (port, voice) in order:
+            await asyncio.sleep(SETTLE_S)
             r = await synthesize("127.0.0.1", port, THREE_SENTENCES, voice)
             out[name]["single_ms"].append(r.first_chunk_ms)
             out[name]["single_total_ms"].append(r.total_ms)
             out[name]["audio_s"].append(r.audio_s)
         for name, (port, voice) in order:
+            await asyncio.sleep(SETTLE_S)
             readings = await asyncio.gather(
                 *(synthesize("127.0.0.1", port, THREE_SENTENCES, voice) for _ in range(CLIENTS))
             )

@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 # 14 frames = 162.5 ms at 22050 Hz / hop 256: the first piece fills a whole 150 ms
 # network frame, so the rechunker downstream can send it without waiting for piece two,
-# while costing only 14 + 11 frames of decoding.
+# while costing only 14 + 11 frames of decoding (and 14 + 11 + 32 of flow).
 FIRST_CHUNK_FRAMES = 14
 # Later chunks double up to this size (28, 56, 112, 128...). Each piece is then at
 # least as long as the one before, so playback never catches up with decoding, and at
@@ -66,15 +66,15 @@ def chunk_spans(n_frames: int, first_chunk_frames: int, chunk_frames: int) -> li
 SHAPE_BUCKET = 16
 
 
-def _window(start: int, end: int, context: int, n_frames: int, min_size: int) -> tuple[int, int]:
+def _window(start: int, end: int, context: int, n_frames: int, min_size: int, bucket: int = SHAPE_BUCKET) -> tuple[int, int]:
     """Context-padded window, clipped at the ends. A window shorter than ``min_size``
     (the last one) is widened to the left instead, and every window is widened (right
-    first, then left) to a multiple of SHAPE_BUCKET: extra context is harmless, and a
+    first, then left) to a multiple of ``bucket``: extra context is harmless, and a
     repeated input length lets oneDNN reuse its compiled kernels."""
     lo, hi = max(0, start - context), min(n_frames, end + context)
     if hi - lo < min_size:
         lo = max(0, hi - min_size)
-    short = -(hi - lo) % SHAPE_BUCKET
+    short = -(hi - lo) % bucket
     grow = min(short, n_frames - hi)
     hi += grow
     lo = max(0, lo - (short - grow))
@@ -149,7 +149,10 @@ class SentenceDecoder:
 
     def _decode_window(self) -> tuple[int, int]:
         start, end = self._spans[self._next]
-        return _window(start, end, self._context, self.n, self._widest)
+        # The first window is not bucketed: its width is already the same for every
+        # sentence (first piece + context, or the whole of a short, padded sentence), and
+        # widening it would add to the cost of every first audio (25 -> 32 frames).
+        return _window(start, end, self._context, self.n, self._widest, bucket=1 if self._next == 0 else SHAPE_BUCKET)
 
     def _flow_window(self, hi: int) -> tuple[int, int, int] | None:
         """(flow window lo, hi, new end of z) when the decoder needs z up to ``hi``."""
@@ -159,10 +162,11 @@ class SentenceDecoder:
         # The first block is just what the first piece needs; later ones run ahead,
         # swallowing a remainder shorter than half a block.
         if done == 0:
-            end = hi
-        else:
-            end = max(hi, done + self._flow_block)
-            end = self.n if self.n - end < self._flow_block // 2 else min(self.n, end)
+            # Like the first decoder window, the first flow window has one width already.
+            f_lo, f_hi = _window(0, hi, self._flow_context, self.n, 0, bucket=1)
+            return f_lo, f_hi, hi
+        end = max(hi, done + self._flow_block)
+        end = self.n if self.n - end < self._flow_block // 2 else min(self.n, end)
         f_lo, f_hi = _window(done, end, self._flow_context, self.n, 0)
         return f_lo, f_hi, end
 

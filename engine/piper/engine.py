@@ -45,13 +45,13 @@ PHONEME_BUCKET = 32
 # Batching on a CPU saves little arithmetic (the decoder's convolutions already fill the
 # cores) but lets a burst of newcomers share one step (up to 8 first chunks: the scheduler
 # bounds a newcomers' step by the batch size alone). The step budget, in decoded frames,
-# keeps a step of listeners already playing to about four first chunks' work (4 x 32
+# keeps a step of listeners already playing to about five first chunks' work (5 x 25
 # frames), so that none waits long behind a wide step: with 256 the bench's staggered
 # listeners underran at 8 where 128 held them (benchmarks/README.md, batching).
 # A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
-# What a sentence's first step decodes: its first chunk and context, in a bucketed window.
-_FIRST_WINDOW_FRAMES = -(-(FIRST_CHUNK_FRAMES + CONTEXT_FRAMES) // SHAPE_BUCKET) * SHAPE_BUCKET
+# What a sentence's first step decodes: its first chunk and its context (chunked.py).
+_FIRST_WINDOW_FRAMES = FIRST_CHUNK_FRAMES + CONTEXT_FRAMES
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 
 
