@@ -105,6 +105,9 @@ async def measure(servers: dict[str, tuple[int, str | None]], rounds: int) -> di
     for port, voice in servers.values():
         for text in WARMUP:
             await synthesize("127.0.0.1", port, text, voice)
+        # Also the concurrent shape once: a batching server builds its kernels for a batch
+        # of 4 on first use (Voxwire's first 4-client round took 270 ms, the rest 160-190).
+        await asyncio.gather(*(synthesize("127.0.0.1", port, WARMUP[0], voice) for _ in range(CLIENTS)))
     for i in range(rounds):
         # Alternate who goes first, and pause before each measure: whoever spoke last
         # (wyoming-piper's onnxruntime threads spin on after each run) would otherwise
