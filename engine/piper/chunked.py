@@ -94,8 +94,8 @@ def batch_parts(items: list[T]) -> list[list[T]]:
 
 class SentenceDecoder:
     """One sentence's chunked decoding, as state between steps: each step decodes its
-    next span, running the flow lazily just ahead of it. Steps of many sentences run
-    together in ``step_sentences``; a lone sentence is the same with a batch of one.
+    next span, running the flow lazily just ahead of it; ``step_many`` steps many sentences
+    together.
 
     A step is planned (its flow and decoder windows), computed, then committed, so a
     step that raises leaves the sentence as it was."""
@@ -170,61 +170,62 @@ class SentenceDecoder:
         f_lo, f_hi = _window(done, end, self._flow_context, self.n, 0)
         return f_lo, f_hi, end
 
+    @staticmethod
+    def step_many(sentences: list[SentenceDecoder]) -> list[np.ndarray]:
+        """Advance each sentence by one span: the flow blocks, then the decoder windows, each
+        batched across the sentences whose windows are equally wide (exact: nothing is
+        padded, and window widths come in a few multiples of SHAPE_BUCKET). All share one
+        model. Nothing is committed until every piece is computed. A lone sentence is a
+        batch of one."""
+        if not sentences:
+            return []
+        model = sentences[0].model
+        decode = [s._decode_window() for s in sentences]
+        flows = [s._flow_window(hi) for s, (_, hi) in zip(sentences, decode)]
 
-def step_sentences(sentences: list[SentenceDecoder]) -> list[np.ndarray]:
-    """Advance each sentence by one span: the flow blocks, then the decoder windows, each
-    batched across the sentences whose windows are equally wide (exact: nothing is
-    padded, and window widths come in a few multiples of SHAPE_BUCKET). All share one
-    model. Nothing is committed until every piece is computed."""
-    if not sentences:
-        return []
-    model = sentences[0].model
-    decode = [s._decode_window() for s in sentences]
-    flows = [s._flow_window(hi) for s, (_, hi) in zip(sentences, decode)]
+        def batched(jobs: list[tuple[int, int]], run: Callable[[list[int]], torch.Tensor]) -> dict[int, torch.Tensor]:
+            """Run ``run`` once per window width over the members of that width; each
+            member's output row."""
+            by_width: dict[int, list[int]] = {}
+            for member, (lo, hi) in enumerate(jobs):
+                if hi > lo:
+                    by_width.setdefault(hi - lo, []).append(member)
+            rows: dict[int, torch.Tensor] = {}
+            for same_width in by_width.values():
+                for members in batch_parts(same_width):
+                    out = run(members)
+                    for k, member in enumerate(members):
+                        rows[member] = out[k : k + 1]
+            return rows
 
-    def batched(jobs: list[tuple[int, int]], run: Callable[[list[int]], torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Run ``run`` once per window width over the members of that width; each
-        member's output row."""
-        by_width: dict[int, list[int]] = {}
-        for member, (lo, hi) in enumerate(jobs):
-            if hi > lo:
-                by_width.setdefault(hi - lo, []).append(member)
-        rows: dict[int, torch.Tensor] = {}
-        for same_width in by_width.values():
-            for members in batch_parts(same_width):
-                out = run(members)
-                for k, member in enumerate(members):
-                    rows[member] = out[k : k + 1]
-        return rows
-
-    # The flow writes z in place; the same inputs give the same z, so a step that fails
-    # later and is run again rewrites the same values.
-    flow_jobs = [(f[0], f[1]) if f else (0, 0) for f in flows]
-    flowed = batched(flow_jobs, lambda ms: model.flow_reverse(
-        torch.cat([sentences[m]._z_p[:, :, flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),  # type: ignore[index]
-        torch.cat([sentences[m]._mask[..., flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),
-    ))
-    for m, block in flowed.items():
-        s, (f_lo, _, end) = sentences[m], flows[m]  # type: ignore[misc]
-        s._z[:, :, s._flowed : end] = block[:, :, s._flowed - f_lo : end - f_lo]
-    audio = batched(decode, lambda ms: model.decode(
-        torch.cat([sentences[m]._z[:, :, decode[m][0] : decode[m][1]] for m in ms])
-    ))
-    pieces = []
-    hop = model.hop_length
-    for m, s in enumerate(sentences):
-        (start, end), (lo, hi) = s._spans[s._next], decode[m]
-        # .cpu() is free on a CPU tensor and the device-to-host copy on CUDA.
-        piece = audio[m][0, (start - lo) * hop : (end - lo) * hop].cpu().numpy()
-        piece = piece[: max(0, s._left)]
-        pieces.append(piece)
-    for m, s in enumerate(sentences):  # commit
-        if flows[m] is not None:
-            s._flowed = flows[m][2]  # type: ignore[index]
-        s._widest = max(s._widest, decode[m][1] - decode[m][0])
-        s._left -= (s._spans[s._next][1] - s._spans[s._next][0]) * model.hop_length
-        s._next += 1
-    return pieces
+        # The flow writes z in place; the same inputs give the same z, so a step that fails
+        # later and is run again rewrites the same values.
+        flow_jobs = [(f[0], f[1]) if f else (0, 0) for f in flows]
+        flowed = batched(flow_jobs, lambda ms: model.flow_reverse(
+            torch.cat([sentences[m]._z_p[:, :, flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),  # type: ignore[index]
+            torch.cat([sentences[m]._mask[..., flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),
+        ))
+        for m, block in flowed.items():
+            s, (f_lo, _, end) = sentences[m], flows[m]  # type: ignore[misc]
+            s._z[:, :, s._flowed : end] = block[:, :, s._flowed - f_lo : end - f_lo]
+        audio = batched(decode, lambda ms: model.decode(
+            torch.cat([sentences[m]._z[:, :, decode[m][0] : decode[m][1]] for m in ms])
+        ))
+        pieces = []
+        hop = model.hop_length
+        for m, s in enumerate(sentences):
+            (start, end), (lo, hi) = s._spans[s._next], decode[m]
+            # .cpu() is free on a CPU tensor and the device-to-host copy on CUDA.
+            piece = audio[m][0, (start - lo) * hop : (end - lo) * hop].cpu().numpy()
+            piece = piece[: max(0, s._left)]
+            pieces.append(piece)
+        for m, s in enumerate(sentences):  # commit
+            if flows[m] is not None:
+                s._flowed = flows[m][2]  # type: ignore[index]
+            s._widest = max(s._widest, decode[m][1] - decode[m][0])
+            s._left -= (s._spans[s._next][1] - s._spans[s._next][0]) * model.hop_length
+            s._next += 1
+        return pieces
 
 
 def _check(z: torch.Tensor, chunk_frames: int, context_frames: int) -> None:
@@ -236,7 +237,7 @@ def _check(z: torch.Tensor, chunk_frames: int, context_frames: int) -> None:
 
 def _pieces(sentence: SentenceDecoder) -> Iterator[np.ndarray]:
     while not sentence.finished:
-        (piece,) = step_sentences([sentence])
+        (piece,) = SentenceDecoder.step_many([sentence])
         if piece.size:
             yield piece
 

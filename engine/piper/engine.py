@@ -24,7 +24,7 @@ import torch
 from engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from engine.piper.alignment import Aligner, word_phonemes
 from engine.piper.chunked import (
-    CONTEXT_FRAMES, FIRST_CHUNK_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, step_sentences, stream_chunks,
+    CONTEXT_FRAMES, FIRST_CHUNK_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
 from engine.threads import configure_cpu_threads, onnx_session_options
 
@@ -297,7 +297,7 @@ class PiperEngine(Engine):
                 decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET)
                 durations[id(s)] = d.cpu().numpy()
         with torch.inference_mode():
-            pieces = step_sentences([decoders[id(s)] for s in streams])  # type: ignore[misc]
+            pieces = SentenceDecoder.step_many([decoders[id(s)] for s in streams])  # type: ignore[misc]
         steps = []
         for s, piece in zip(streams, pieces):  # commit
             out: list[np.ndarray | WordTimings] = []
