@@ -134,3 +134,41 @@ def test_rejects_bad_input(vits: Vits, latent):
         next(decode_chunks(vits, z[0]))
     with pytest.raises(ValueError):
         next(decode_chunks(vits, z, chunk_frames=0))
+
+
+class _Recorder:
+    """The model, recording the width of every flow and decoder call."""
+
+    def __init__(self, model: Vits) -> None:
+        self.model, self.flow_widths, self.decode_widths = model, [], []
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.flow_widths.append(z_p.shape[2])
+        return self.model.flow_reverse(z_p, mask)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        self.decode_widths.append(z.shape[2])
+        return self.model.decode(z)
+
+
+def test_the_first_step_computes_no_more_than_the_first_piece_needs(vits: Vits, latent):
+    """Every first audio pays for the first step's windows: the first piece and its
+    decoder context, and the flow's context beyond that; rounding them up to the shape
+    bucket (32 and 64 frames) made every first piece slower."""
+    z_p, z, _ = latent
+    recorder = _Recorder(vits)
+    sentence = chunked.SentenceDecoder(recorder, z_p=z_p, pad_to=chunked.SHAPE_BUCKET)  # type: ignore[arg-type]
+    decode_width = chunked.FIRST_CHUNK_FRAMES + chunked.CONTEXT_FRAMES
+    assert sentence.cost() == decode_width
+    (first,) = chunked.SentenceDecoder.step_many([sentence])
+    assert recorder.decode_widths == [decode_width]
+    assert recorder.flow_widths == [decode_width + chunked.FLOW_CONTEXT_FRAMES]
+    # ...and it is still exact: the first piece of the whole decode.
+    whole_first = vits.decode(z)[0, : chunked.FIRST_CHUNK_FRAMES * vits.hop_length].numpy()
+    assert snr_db(whole_first, first) > MIN_SNR_DB
+    # Later windows come in bucketed widths again.
+    chunked.SentenceDecoder.step_many([sentence])
+    assert recorder.decode_widths[1] % chunked.SHAPE_BUCKET == 0

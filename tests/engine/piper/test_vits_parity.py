@@ -249,3 +249,17 @@ def test_padding_to_a_bucket_changes_nothing(vits: Vits, phoneme_ids, bucket):
         assert torch.equal(d_whole, d_padded)
         assert whole.shape == padded.shape
         assert torch.max(torch.abs(whole - padded)) < 1e-5
+
+
+def test_every_kernel_is_stored_in_the_order_its_call_reads(onnx_path):
+    """Activations are channels-last [B, C, 1, T]; a kernel stored otherwise is reordered
+    by oneDNN on every call (12% of an utterance's CPU time). Loading, .to() and .double()
+    must keep the order."""
+    from engine.piper.vits import Conv, ConvTranspose
+
+    model = load_vits(onnx_path)
+    for m in (model, Vits(model.cfg).double()):
+        convs = [(n, c) for n, c in m.named_modules() if isinstance(c, (Conv, ConvTranspose))]
+        assert len(convs) > 50
+        for name, conv in convs:
+            assert conv.weight.unsqueeze(2).is_contiguous(memory_format=torch.channels_last), name
