@@ -66,7 +66,9 @@ def chunk_spans(n_frames: int, first_chunk_frames: int, chunk_frames: int) -> li
 SHAPE_BUCKET = 16
 
 
-def _window(start: int, end: int, context: int, n_frames: int, min_size: int, bucket: int = SHAPE_BUCKET) -> tuple[int, int]:
+def _window(
+    start: int, end: int, context: int, n_frames: int, min_size: int, bucket: int = SHAPE_BUCKET
+) -> tuple[int, int]:
     """Context-padded window, clipped at the ends. A window shorter than ``min_size``
     (the last one) is widened to the left instead, and every window is widened (right
     first, then left) to a multiple of ``bucket``: extra context is harmless, and a
