@@ -37,6 +37,9 @@ FIRST_CHUNK_FRAMES = 14
 CHUNK_FRAMES = 128
 # Decoder receptive field is +-10.09 frames (measured, see module docstring).
 CONTEXT_FRAMES = 11
+# What a sentence's first step decodes: its first piece and the context after it. Every
+# sentence but a very short one has this width, so it is not rounded up to SHAPE_BUCKET.
+FIRST_WINDOW_FRAMES = FIRST_CHUNK_FRAMES + CONTEXT_FRAMES
 # Flow receptive field is +-32 frames; with 32 the streamed flow is exact.
 FLOW_CONTEXT_FRAMES = 32
 # After the first piece the flow runs ahead of the decoder in blocks of up to this many
@@ -152,9 +155,10 @@ class SentenceDecoder:
     def _decode_window(self) -> tuple[int, int]:
         start, end = self._spans[self._next]
         # The first window is not bucketed: its width is already the same for every
-        # sentence (first piece + context, or the whole of a short, padded sentence), and
+        # sentence (FIRST_WINDOW_FRAMES, or the whole of a short, padded sentence), and
         # widening it would add to the cost of every first audio (25 -> 32 frames).
-        return _window(start, end, self._context, self.n, self._widest, bucket=1 if self._next == 0 else SHAPE_BUCKET)
+        bucket = 1 if self._next == 0 else SHAPE_BUCKET
+        return _window(start, end, self._context, self.n, self._widest, bucket)
 
     def _flow_window(self, hi: int) -> tuple[int, int, int] | None:
         """(flow window lo, hi, new end of z) when the decoder needs z up to ``hi``."""

@@ -24,7 +24,7 @@ import torch
 from engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from engine.piper.alignment import Aligner, word_phonemes
 from engine.piper.chunked import (
-    CONTEXT_FRAMES, FIRST_CHUNK_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
+    FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
 from engine.threads import configure_cpu_threads, onnx_session_options
 
@@ -50,8 +50,6 @@ PHONEME_BUCKET = 32
 # listeners underran at 8 where 128 held them (benchmarks/README.md, batching).
 # A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
-# What a sentence's first step decodes: its first chunk and its context (chunked.py).
-_FIRST_WINDOW_FRAMES = FIRST_CHUNK_FRAMES + CONTEXT_FRAMES
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 
 
@@ -168,7 +166,7 @@ class PiperStream(Stream):
         return self.decoder is None and self.next_sentence == len(self.sentences)
 
     def cost(self) -> int:
-        return self.decoder.cost() if self.decoder is not None else _FIRST_WINDOW_FRAMES
+        return self.decoder.cost() if self.decoder is not None else FIRST_WINDOW_FRAMES
 
 
 class PiperEngine(Engine):
