@@ -37,15 +37,21 @@ FIRST_CHUNK_FRAMES = 14
 CHUNK_FRAMES = 128
 # Decoder receptive field is +-10.09 frames (measured, see module docstring).
 CONTEXT_FRAMES = 11
-# What a sentence's first step decodes: its first piece and the context after it. Every
-# sentence but a very short one has this width, so it is not rounded up to SHAPE_BUCKET.
+# What a sentence's first step decodes: its first piece and the context after it.
 FIRST_WINDOW_FRAMES = FIRST_CHUNK_FRAMES + CONTEXT_FRAMES
 # Flow receptive field is +-32 frames; with 32 the streamed flow is exact.
 FLOW_CONTEXT_FRAMES = 32
-# After the first piece the flow runs ahead of the decoder in blocks of up to this many
-# frames (6 s of audio), so most utterances need just two flow calls and its context
-# costs < 10% extra flow work; a full block (~4 GMAC, ~40 ms on one core) still finishes
-# well within the 160 ms the first piece plays for.
+# After the first piece the flow runs ahead of the decoder in blocks of up to
+# FLOW_BLOCK_FRAMES (6 s of audio), so most sentences need few flow calls and its
+# context costs < 10% extra flow work. But the first piece's flow is just the frames
+# its decoder window needs, and so is the second's, unless the block would be at most
+# half a block (a short sentence's rest). The second piece must be out before the
+# first (162.5 ms) has played, and in a burst of four newcomers their second steps,
+# each with a 512-frame block (~100 ms of flow on 2 cores), ran past it: every listener
+# but the first stalled. The block moves to the third step, whose piece has the
+# second's 325 ms to arrive in; the price is one more flow call for a long sentence,
+# its 2 x 32 frames of context.
+FLOW_JUST_IN_TIME_PIECES = 2
 FLOW_BLOCK_FRAMES = 512
 
 
@@ -63,23 +69,29 @@ def chunk_spans(n_frames: int, first_chunk_frames: int, chunk_frames: int) -> li
     return spans
 
 
-# Window lengths are rounded up to a multiple of this. oneDNN compiles and caches kernels
-# per input shape: with every utterance bringing new lengths, a server would pay that
-# set-up again and again and its cache (and RSS) would keep growing.
+# Window lengths are rounded up to a multiple of this, unless they are already one of a
+# few. oneDNN compiles and caches kernels per input shape: with every utterance bringing
+# new lengths, a server would pay that set-up again and again and its cache (and RSS)
+# would keep growing.
 SHAPE_BUCKET = 16
 
 
-def _window(
-    start: int, end: int, context: int, n_frames: int, min_size: int, bucket: int = SHAPE_BUCKET
-) -> tuple[int, int]:
+def _window(start: int, end: int, context: int, n_frames: int, min_size: int) -> tuple[int, int]:
     """Context-padded window, clipped at the ends. A window shorter than ``min_size``
-    (the last one) is widened to the left instead, and every window is widened (right
-    first, then left) to a multiple of ``bucket``: extra context is harmless, and a
-    repeated input length lets oneDNN reuse its compiled kernels."""
+    (the last one) is widened to the left instead.
+
+    A window with its whole right context starts and ends where it does in every
+    sentence long enough to have it (spans and flow blocks are laid out from the start),
+    so its width is one of a few already: it is left as it is, since widening it would
+    add to the cost of every first audio (25 -> 32 frames) and second (50 -> 64). A
+    window cut off by the sentence's end is widened (right first, then left) to a
+    multiple of SHAPE_BUCKET: extra context is harmless."""
     lo, hi = max(0, start - context), min(n_frames, end + context)
     if hi - lo < min_size:
         lo = max(0, hi - min_size)
-    short = -(hi - lo) % bucket
+    if end + context <= n_frames:
+        return lo, hi
+    short = -(hi - lo) % SHAPE_BUCKET
     grow = min(short, n_frames - hi)
     hi += grow
     lo = max(0, lo - (short - grow))
@@ -154,25 +166,20 @@ class SentenceDecoder:
 
     def _decode_window(self) -> tuple[int, int]:
         start, end = self._spans[self._next]
-        # The first window is not bucketed: its width is already the same for every
-        # sentence (FIRST_WINDOW_FRAMES, or the whole of a short, padded sentence), and
-        # widening it would add to the cost of every first audio (25 -> 32 frames).
-        bucket = 1 if self._next == 0 else SHAPE_BUCKET
-        return _window(start, end, self._context, self.n, self._widest, bucket)
+        return _window(start, end, self._context, self.n, self._widest)
 
     def _flow_window(self, hi: int) -> tuple[int, int, int] | None:
         """(flow window lo, hi, new end of z) when the decoder needs z up to ``hi``."""
         done = self._flowed
         if hi <= done:
             return None
-        # The first block is just what the first piece needs; later ones run ahead,
-        # swallowing a remainder shorter than half a block.
-        if done == 0:
-            # Like the first decoder window, the first flow window has one width already.
-            f_lo, f_hi = _window(0, hi, self._flow_context, self.n, 0, bucket=1)
-            return f_lo, f_hi, hi
+        # A block ahead, swallowing a remainder shorter than half a block. The first
+        # piece gets just what it needs (every first audio waits for it); so does the
+        # second, unless the block is short.
         end = max(hi, done + self._flow_block)
         end = self.n if self.n - end < self._flow_block // 2 else min(self.n, end)
+        if self._next == 0 or (self._next < FLOW_JUST_IN_TIME_PIECES and end - done > self._flow_block // 2):
+            end = hi
         f_lo, f_hi = _window(done, end, self._flow_context, self.n, 0)
         return f_lo, f_hi, end
 

@@ -169,6 +169,71 @@ def test_the_first_step_computes_no_more_than_the_first_piece_needs(vits: Vits, 
     # ...and it is still exact: the first piece of the whole decode.
     whole_first = vits.decode(z)[0, : chunked.FIRST_CHUNK_FRAMES * vits.hop_length].numpy()
     assert snr_db(whole_first, first) > MIN_SNR_DB
-    # Later windows come in bucketed widths again.
-    chunked.SentenceDecoder.step_many([sentence])
-    assert recorder.decode_widths[1] % chunked.SHAPE_BUCKET == 0
+
+
+def test_a_long_sentence_flows_just_what_its_second_piece_needs(vits: Vits, latent):
+    """The second piece has only the first one's 162.5 ms to arrive in. A burst of
+    newcomers' second steps each carrying a 512-frame flow block made every listener
+    but the first stall, so the block waits for the third step."""
+    z_p, _, whole = latent
+    recorder = _Recorder(vits)
+    assert z_p.shape[2] > chunked.FLOW_BLOCK_FRAMES // 2 + 64, "the fixture must be long enough to need a block"
+    ctx, flow_ctx = chunked.CONTEXT_FRAMES, chunked.FLOW_CONTEXT_FRAMES
+    pieces = list(stream_chunks(recorder, z_p, pad_to=chunked.SHAPE_BUCKET))  # type: ignore[arg-type]
+    first, second = chunked.FIRST_CHUNK_FRAMES, 2 * chunked.FIRST_CHUNK_FRAMES
+    # The second window, unclipped, keeps its own width (50 frames, not 64)...
+    assert recorder.decode_widths[1] == second + 2 * ctx
+    # ...and the flow gives just the frames it reaches, from the start (its left context).
+    assert recorder.flow_widths[1] == first + second + ctx + flow_ctx
+    # The third step runs the rest as one block, and the audio is still exact.
+    assert len(recorder.flow_widths) == 3
+    assert snr_db(whole, np.concatenate(pieces)) > MIN_SNR_DB
+
+
+def test_a_short_sentence_flows_its_rest_in_one_call(vits: Vits, latent):
+    """One more flow call costs 2 x 32 frames of context: a rest shorter than half a
+    block is not worth splitting."""
+    z_p, z, _ = latent
+    part = z_p[:, :, :200]
+    recorder = _Recorder(vits)
+    audio = np.concatenate(list(stream_chunks(recorder, part)))  # type: ignore[arg-type]
+    assert recorder.flow_widths == [chunked.FIRST_WINDOW_FRAMES + chunked.FLOW_CONTEXT_FRAMES, 200]
+    assert snr_db(vits.decode(vits.flow_reverse(part))[0].numpy(), audio) > MIN_SNR_DB
+
+
+class _Shapes:
+    """A model that only records the widths it is called with."""
+
+    hop_length = 4
+
+    def __init__(self) -> None:
+        self.flow_widths: set[int] = set()
+        self.decode_widths: set[int] = set()
+
+    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.flow_widths.add(z_p.shape[2])
+        return z_p
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        self.decode_widths.add(z.shape[2])
+        return torch.zeros(z.shape[0], z.shape[2] * self.hop_length)
+
+
+def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length():
+    """oneDNN compiles and keeps kernels per input shape, so the widths must not grow
+    with the sentences served. Only a window cut off by the sentence's end is rounded up
+    to the bucket; the others start and end at the same frames in every sentence."""
+    model = _Shapes()
+    for n in range(1, 4000, 7):
+        sentence = chunked.SentenceDecoder(model, z_p=torch.zeros(1, 2, n), pad_to=chunked.SHAPE_BUCKET)  # type: ignore[arg-type]
+        while not sentence.finished:
+            chunked.SentenceDecoder.step_many([sentence])
+    ctx, flow_ctx, bucket = chunked.CONTEXT_FRAMES, chunked.FLOW_CONTEXT_FRAMES, chunked.SHAPE_BUCKET
+    sizes = [chunked.FIRST_CHUNK_FRAMES * 2**k for k in range(1, 4)] + [chunked.CHUNK_FRAMES]
+    whole_context = {chunked.FIRST_WINDOW_FRAMES} | {size + 2 * ctx for size in sizes}
+    assert {w for w in model.decode_widths if w % bucket} == whole_context
+    first_flows = {chunked.FIRST_WINDOW_FRAMES + flow_ctx, chunked.FIRST_CHUNK_FRAMES * 3 + ctx + flow_ctx}
+    assert {w for w in model.flow_widths if w % bucket} == first_flows
+    # Widest: a merged tail and its context; a block and a half, with its context.
+    assert max(model.decode_widths) <= 2 * chunked.CHUNK_FRAMES + 2 * ctx + bucket
+    assert max(model.flow_widths) <= 3 * chunked.FLOW_BLOCK_FRAMES // 2 + 2 * flow_ctx + bucket
