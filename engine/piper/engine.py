@@ -24,7 +24,7 @@ import torch
 from engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from engine.piper.alignment import Aligner, word_phonemes
 from engine.piper.chunked import (
-    FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
+    FIRST_CHUNK_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
 from engine.threads import configure_cpu_threads, onnx_session_options
 
@@ -51,6 +51,14 @@ PHONEME_BUCKET = 32
 # A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
+# Where width costs time (a CPU), a step that starts this many sentences or more gives
+# them first pieces twice as long (325 ms). Their second steps run one after another,
+# and on 2 cores four of them (~53 ms each) took longer than a 162.5 ms first piece
+# plays for: every listener in a burst but the first stalled just after it. The longer
+# piece costs a wide first step little (its time goes to the batched prior); a lone
+# newcomer keeps the short one. Four times as long cost a burst of 8 more first-audio
+# time than it saved in stalls (benchmarks/README.md, bursts).
+WIDE_START = 3
 
 
 @dataclass(frozen=True)
@@ -291,8 +299,10 @@ class PiperEngine(Engine):
                     priors += vits.infer_priors([ids[i] for i in part], cfg.noise_scale,
                                                 [starting[i].length_scale for i in part], cfg.noise_w_scale,
                                                 bucket=PHONEME_BUCKET)
+            wide = self.width_costs_time and len(starting) >= WIDE_START
+            first = 2 * FIRST_CHUNK_FRAMES if wide else FIRST_CHUNK_FRAMES
             for s, (z_p, d) in zip(starting, priors):
-                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET)
+                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first)
                 durations[id(s)] = d.cpu().numpy()
         with torch.inference_mode():
             pieces = SentenceDecoder.step_many([decoders[id(s)] for s in streams])  # type: ignore[misc]
