@@ -128,10 +128,13 @@ class SentenceDecoder:
         flow_context_frames: int = FLOW_CONTEXT_FRAMES,
         flow_block_frames: int = FLOW_BLOCK_FRAMES,
         pad_to: int = 1,
+        first_flow_pieces: int = 1,
     ) -> None:
         """From the prior sample ``z_p`` (the flow runs here) or the decoder latent ``z``
         (``Vits.infer_latent``: it does not). ``pad_to`` pads z_p to a multiple of that
-        many frames, so that short sentences too reuse a few input shapes."""
+        many frames, so that short sentences too reuse a few input shapes. The first
+        step's flow computes what the first ``first_flow_pieces`` pieces need, so that
+        the steps after it, up to that piece, only decode."""
         latent = z_p if z is None else z
         assert latent is not None
         _check(latent, chunk_frames, context_frames)
@@ -154,6 +157,7 @@ class SentenceDecoder:
         self._context = context_frames
         self._flow_context = flow_context_frames
         self._flow_block = flow_block_frames
+        self._first_flow_pieces = max(1, first_flow_pieces)
 
     @property
     def finished(self) -> bool:
@@ -174,11 +178,14 @@ class SentenceDecoder:
         if hi <= done:
             return None
         # A block ahead, swallowing a remainder shorter than half a block. The first
-        # piece gets just what it needs (every first audio waits for it); so does the
-        # second, unless the block is short.
+        # step gets just what its pieces need (every first audio waits for it); so does
+        # the second, unless the block is short.
         end = max(hi, done + self._flow_block)
         end = self.n if self.n - end < self._flow_block // 2 else min(self.n, end)
-        if self._next == 0 or (self._next < FLOW_JUST_IN_TIME_PIECES and end - done > self._flow_block // 2):
+        if self._next == 0:
+            last = self._spans[min(self._first_flow_pieces, len(self._spans)) - 1]
+            end = max(hi, _window(*last, self._context, self.n, 0)[1])
+        elif self._next < FLOW_JUST_IN_TIME_PIECES and end - done > self._flow_block // 2:
             end = hi
         f_lo, f_hi = _window(done, end, self._flow_context, self.n, 0)
         return f_lo, f_hi, end

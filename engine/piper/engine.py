@@ -51,13 +51,15 @@ PHONEME_BUCKET = 32
 # A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
-# Where width costs time (a CPU), a step that starts this many sentences or more gives
-# them first pieces twice as long (325 ms). Their second steps run one after another,
-# and on 2 cores four of them (~53 ms each) took longer than a 162.5 ms first piece
-# plays for: every listener in a burst but the first stalled just after it. The longer
-# piece costs a wide first step little (its time goes to the batched prior); a lone
-# newcomer keeps the short one. Four times as long cost a burst of 8 more first-audio
-# time than it saved in stalls (benchmarks/README.md, bursts).
+# Where width costs time (a CPU), a step that starts this many streams or more gives
+# them a first piece twice as long (325 ms), and flows their second piece's frames too.
+# Their second steps run one after another: on 2 cores four of them (~53 ms each, a
+# third of it flow) took longer than a 162.5 ms first piece plays for, and every
+# listener in a burst of four but the first stalled just after it. A 200 ms network
+# frame leaves only 200 ms of a 325 ms piece at once, so the longer piece alone halved
+# the stalls; with the second steps only decoding, none was left. The burst pays
+# 10-15% more first-audio time; a lone newcomer, or two, keep the short first step
+# (benchmarks/README.md, bursts).
 WIDE_START = 3
 
 
@@ -299,10 +301,12 @@ class PiperEngine(Engine):
                     priors += vits.infer_priors([ids[i] for i in part], cfg.noise_scale,
                                                 [starting[i].length_scale for i in part], cfg.noise_w_scale,
                                                 bucket=PHONEME_BUCKET)
-            wide = self.width_costs_time and len(starting) >= WIDE_START
-            first = 2 * FIRST_CHUNK_FRAMES if wide else FIRST_CHUNK_FRAMES
+            newcomers = [s for s in starting if s.next_sentence == 0]
+            wide = self.width_costs_time and len(newcomers) >= WIDE_START
             for s, (z_p, d) in zip(starting, priors):
-                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first)
+                first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and s in newcomers else (FIRST_CHUNK_FRAMES, 1)
+                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,
+                                                  first_flow_pieces=flow_pieces)
                 durations[id(s)] = d.cpu().numpy()
         with torch.inference_mode():
             pieces = SentenceDecoder.step_many([decoders[id(s)] for s in streams])  # type: ignore[misc]

@@ -190,6 +190,25 @@ def test_a_long_sentence_flows_just_what_its_second_piece_needs(vits: Vits, late
     assert snr_db(whole, np.concatenate(pieces)) > MIN_SNR_DB
 
 
+def test_a_first_step_can_flow_ahead_so_that_the_second_only_decodes(vits: Vits, latent):
+    """A burst's second steps run one after another on a CPU: the engine has its
+    newcomers' first steps flow for the second piece too."""
+    z_p, _, whole = latent
+    recorder = _Recorder(vits)
+    sentence = chunked.SentenceDecoder(
+        recorder, z_p=z_p, first_chunk_frames=2 * chunked.FIRST_CHUNK_FRAMES, first_flow_pieces=2,  # type: ignore[arg-type]
+    )
+    pieces = chunked.SentenceDecoder.step_many([sentence])
+    first, second = 2 * chunked.FIRST_CHUNK_FRAMES, 4 * chunked.FIRST_CHUNK_FRAMES
+    assert recorder.flow_widths == [first + second + chunked.CONTEXT_FRAMES + chunked.FLOW_CONTEXT_FRAMES]
+    pieces += chunked.SentenceDecoder.step_many([sentence])
+    assert len(recorder.flow_widths) == 1 and len(recorder.decode_widths) == 2
+    while not sentence.finished:
+        pieces += chunked.SentenceDecoder.step_many([sentence])
+    assert pieces[0].size == first * vits.hop_length
+    assert snr_db(whole, np.concatenate(pieces)) > MIN_SNR_DB
+
+
 def test_a_short_sentence_flows_its_rest_in_one_call(vits: Vits, latent):
     """One more flow call costs 2 x 32 frames of context: a rest shorter than half a
     block is not worth splitting."""
@@ -219,21 +238,27 @@ class _Shapes:
         return torch.zeros(z.shape[0], z.shape[2] * self.hop_length)
 
 
-def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length():
+@pytest.mark.parametrize("first, flow_pieces", [(chunked.FIRST_CHUNK_FRAMES, 1), (2 * chunked.FIRST_CHUNK_FRAMES, 2)])
+def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length(first: int, flow_pieces: int):
     """oneDNN compiles and keeps kernels per input shape, so the widths must not grow
     with the sentences served. Only a window cut off by the sentence's end is rounded up
     to the bucket; the others start and end at the same frames in every sentence."""
-    model = _Shapes()
-    for n in range(1, 4000, 7):
-        sentence = chunked.SentenceDecoder(model, z_p=torch.zeros(1, 2, n), pad_to=chunked.SHAPE_BUCKET)  # type: ignore[arg-type]
-        while not sentence.finished:
-            chunked.SentenceDecoder.step_many([sentence])
-    ctx, flow_ctx, bucket = chunked.CONTEXT_FRAMES, chunked.FLOW_CONTEXT_FRAMES, chunked.SHAPE_BUCKET
-    sizes = [chunked.FIRST_CHUNK_FRAMES * 2**k for k in range(1, 4)] + [chunked.CHUNK_FRAMES]
-    whole_context = {chunked.FIRST_WINDOW_FRAMES} | {size + 2 * ctx for size in sizes}
-    assert {w for w in model.decode_widths if w % bucket} == whole_context
-    first_flows = {chunked.FIRST_WINDOW_FRAMES + flow_ctx, chunked.FIRST_CHUNK_FRAMES * 3 + ctx + flow_ctx}
-    assert {w for w in model.flow_widths if w % bucket} == first_flows
-    # Widest: a merged tail and its context; a block and a half, with its context.
-    assert max(model.decode_widths) <= 2 * chunked.CHUNK_FRAMES + 2 * ctx + bucket
-    assert max(model.flow_widths) <= 3 * chunked.FLOW_BLOCK_FRAMES // 2 + 2 * flow_ctx + bucket
+
+    def widths(lengths: range) -> tuple[set[int], set[int]]:
+        model = _Shapes()
+        for n in lengths:
+            sentence = chunked.SentenceDecoder(
+                model, z_p=torch.zeros(1, 2, n), pad_to=chunked.SHAPE_BUCKET,  # type: ignore[arg-type]
+                first_chunk_frames=first, first_flow_pieces=flow_pieces,
+            )
+            while not sentence.finished:
+                chunked.SentenceDecoder.step_many([sentence])
+        return model.decode_widths, model.flow_widths
+
+    decodes, flows = widths(range(1, 2000, 7))
+    longer_decodes, longer_flows = widths(range(2000, 4000, 7))
+    assert longer_decodes <= decodes and longer_flows <= flows
+    bucket = chunked.SHAPE_BUCKET
+    assert first + chunked.CONTEXT_FRAMES in decodes  # the first window is not rounded up
+    assert len({w for w in decodes if w % bucket}) <= 5 and len({w for w in flows if w % bucket}) <= 2
+    assert len(decodes) <= 20 and len(flows) <= 60
