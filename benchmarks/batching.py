@@ -5,7 +5,8 @@ one with ``--max-batch 1``. Rounds alternate between them. For each it measures:
 
 - **single**: TTFA of one listener alone (the replies, the result cache off);
 - **burst**: N newcomers on fresh connections speak at the same instant, for several
-  rounds; p50/p95 TTFA, and p95 over the single-stream TTFA;
+  rounds; p50/p95 TTFA, p95 over the single-stream TTFA, and the underruns their
+  listeners would hear (a 100 ms jitter buffer each);
 - **held**: real-time listeners with staggered arrivals who speak again after listening
   (a 100 ms jitter buffer each); a level holds when no listener underran and p95 TTFA is
   at most 300 ms, and counts only if every lower level held too. It is read against the
@@ -126,14 +127,18 @@ def floor(newcomers: int, threads: int | None) -> dict[str, float]:
 
 async def measure(servers: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
     urls = {name: f"ws://127.0.0.1:{port}/v1/stream" for name, port in servers.items()}
-    out: dict[str, Any] = {name: {"single": [], "burst": [], "held": {}} for name in servers}
+    out: dict[str, Any] = {name: {"single": [], "burst": [], "burst_underruns": 0, "burst_stall_ms": 0.0, "held": {}}
+                           for name in servers}
     for name, url in urls.items():  # warm-up, including a burst's shapes
         await single(url, 2)
         await burst(url, args.newcomers, 0)
     for i in range(args.rounds):  # interleaved: both servers see the same moments of the machine
         for name, url in urls.items():
             out[name]["single"] += [r.ttfa_ms for r in await single(url, 2) if r.error is None]
-            out[name]["burst"] += [r.ttfa_ms for r in await burst(url, args.newcomers, i + 1) if r.error is None]
+            ok = [r for r in await burst(url, args.newcomers, i + 1) if r.error is None]
+            out[name]["burst"] += [r.ttfa_ms for r in ok]
+            out[name]["burst_underruns"] += sum(r.underruns for r in ok)
+            out[name]["burst_stall_ms"] += sum(r.stall_ms for r in ok)
     for name, url in urls.items():
         rtf = [r.server.get("rtf", float("nan")) for r in await single(url, 4)]
         out[name]["rtf"] = statistics.median(rtf)
@@ -162,6 +167,8 @@ def summarise(raw: dict[str, Any], floor_ms: dict[str, float]) -> dict[str, Any]
             "burst_ttfa_p95_ms": round(b["p95"], 1),
             "burst_p95_over_single": round(b["p95"] / single_p50, 2),
             "burst_p95_over_floor": round(b["p95"] / floor_ms["batched_step_ms"], 2),
+            "burst_underruns": r["burst_underruns"],
+            "burst_stall_ms": round(r["burst_stall_ms"]),
             "compute_limit": round(1 / r["rtf"], 1) if r["rtf"] else None,
             "held": max(held, default=0),
             "held_over_limit": round(max(held, default=0) * r["rtf"], 2) if r["rtf"] else None,

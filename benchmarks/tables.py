@@ -170,6 +170,8 @@ def batching(r: dict[str, Any]) -> list[str]:
         ("burst p95 ÷ single p50 (target ≤ 4)", lambda s: f"{s['burst_p95_over_single']:.2f}"),
         (f"burst p95 ÷ the floor, {floor['batched_step_ms']:.1f} ms (target ≤ 1.2)",
          lambda s: f"{s['burst_p95_over_floor']:.2f}"),
+        (f"burst of {n}: underruns (stall)", lambda s: (
+            f"{s['burst_underruns']} ({s['burst_stall_ms']} ms)" if "burst_underruns" in s else "not measured")),
         ("staggered listeners held (levels " + ", ".join(map(str, r["args"]["levels"])) + ")",
          lambda s: f"{s['held']} of the compute limit {s['compute_limit']:.1f} ({s['held_over_limit']:.2f}×)"),
         ("engine steps by batch size", lambda s: _sizes(s["batch_sizes"])),
