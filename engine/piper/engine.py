@@ -51,17 +51,16 @@ PHONEME_BUCKET = 32
 # A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
-# Where width costs time (a CPU), a step that starts this many newcomers gives them a
-# first piece twice as long (325 ms), and flows their second piece's frames too. Their
-# second steps run one after another: on 2 cores four of them (~53 ms each, a third of
-# it flow) took longer than a 162.5 ms first piece plays for, and every listener in a
-# burst of four but the first stalled just after it. A 200 ms network frame leaves only
-# 200 ms of a 325 ms piece at once, so the longer piece alone halved the stalls; with
-# the second steps only decoding, none was left, for 10-15% more first-audio time. Past
-# four, their second steps cannot all end within a frame even so: a burst of eight still
-# stalled, after first audio 40-80% later, so it keeps the short first step
-# (benchmarks/README.md, bursts).
-WIDE_STARTS = range(3, 5)
+# Where width costs time (a CPU), a step that starts this many newcomers or more gives
+# them a first piece twice as long (325 ms), and flows their second piece's frames too.
+# Their second steps run one after another: on 2 cores four of them (~53 ms each, a
+# third of it flow) took longer than a 162.5 ms first piece plays for, and every
+# listener in a burst of four but the first stalled just after it. A 200 ms network
+# frame leaves only 200 ms of a 325 ms piece at once, so the longer piece alone halved
+# the stalls; with the second steps only decoding, none was left, for 10-15% more
+# first-audio time. A burst of eight still stalls on 2 cores, but for a third as long,
+# its first audio a third later (benchmarks/README.md, bursts).
+WIDE_START = 3
 
 
 @dataclass(frozen=True)
@@ -303,7 +302,7 @@ class PiperEngine(Engine):
                                                 [starting[i].length_scale for i in part], cfg.noise_w_scale,
                                                 bucket=PHONEME_BUCKET)
             newcomers = [s for s in starting if s.next_sentence == 0]
-            wide = self.width_costs_time and len(newcomers) in WIDE_STARTS
+            wide = self.width_costs_time and len(newcomers) >= WIDE_START
             for s, (z_p, d) in zip(starting, priors):
                 first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and s in newcomers else (FIRST_CHUNK_FRAMES, 1)
                 decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,
