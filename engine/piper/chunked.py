@@ -43,15 +43,15 @@ FIRST_WINDOW_FRAMES = FIRST_CHUNK_FRAMES + CONTEXT_FRAMES
 FLOW_CONTEXT_FRAMES = 32
 # After the first piece the flow runs ahead of the decoder in blocks of up to
 # FLOW_BLOCK_FRAMES (6 s of audio), so most sentences need few flow calls and its
-# context costs < 10% extra flow work. But for a sentence's first this-many pieces the
-# flow computes just the frames their decoder windows need, unless the block would be
-# at most half a block (a short sentence's rest). Each early piece must be out before
-# the one before it has played (162.5 ms, then 325 ms), and in a burst of newcomers
-# their steps run one after another on a CPU: with the 512-frame block (~100 ms of
-# flow on 2 cores) in the second or the third step, every listener in a burst of four
-# but the first stalled. The price is two more flow calls for a long sentence, each
-# with 2 x 32 frames of context.
-FLOW_JUST_IN_TIME_PIECES = 3
+# context costs < 10% extra flow work. But the first piece's flow is just the frames
+# its decoder window needs, and so is the second's, unless the block would be at most
+# half a block (a short sentence's rest). The second piece must be out before the
+# first (162.5 ms) has played, and in a burst of four newcomers their second steps,
+# each with a 512-frame block (~100 ms of flow on 2 cores), ran past it: every listener
+# but the first stalled. The block moves to the third step, whose piece has the
+# second's 325 ms to arrive in; the price is one more flow call for a long sentence,
+# its 2 x 32 frames of context.
+FLOW_JUST_IN_TIME_PIECES = 2
 FLOW_BLOCK_FRAMES = 512
 
 
@@ -178,8 +178,8 @@ class SentenceDecoder:
         if hi <= done:
             return None
         # A block ahead, swallowing a remainder shorter than half a block. The first
-        # step gets just what its pieces need (every first audio waits for it); so do
-        # the next early ones, unless the block is short.
+        # step gets just what its pieces need (every first audio waits for it); so does
+        # the second, unless the block is short.
         end = max(hi, done + self._flow_block)
         end = self.n if self.n - end < self._flow_block // 2 else min(self.n, end)
         if self._next == 0:

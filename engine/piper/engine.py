@@ -24,7 +24,7 @@ import torch
 from engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from engine.piper.alignment import Aligner, word_phonemes
 from engine.piper.chunked import (
-    FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
+    FIRST_CHUNK_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
 from engine.threads import configure_cpu_threads, onnx_session_options
 
@@ -51,14 +51,15 @@ PHONEME_BUCKET = 32
 # A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
-# Where width costs time (a CPU), a step that starts this many newcomers or more also
-# flows their second pieces' frames, so that their second steps only decode. Those run
-# one after another: on 2 cores four of them (~53 ms each, a third of it flow) took
-# longer than a 162.5 ms first piece plays for, and every listener in a burst of four
-# but the first stalled just after it. Flowing ahead costs the wide step a few ms a
-# newcomer; a lone newcomer, or two, keep the shortest first step. A longer first piece
-# (325 ms) also ended the stalls, but delayed a burst's first audio by a third
-# (benchmarks/README.md, bursts).
+# Where width costs time (a CPU), a step that starts this many newcomers or more gives
+# them a first piece twice as long (325 ms), and flows their second piece's frames too.
+# Their second steps run one after another: on 2 cores four of them (~53 ms each, a
+# third of it flow) took longer than a 162.5 ms first piece plays for, and every
+# listener in a burst of four but the first stalled just after it. A 200 ms network
+# frame leaves only 200 ms of a 325 ms piece at once, so the longer piece alone halved
+# the stalls; with the second steps only decoding, none was left, for 10-15% more
+# first-audio time. A burst of eight still stalls on 2 cores, but for a third as long,
+# its first audio a third later (benchmarks/README.md, bursts).
 WIDE_START = 3
 
 
@@ -303,8 +304,9 @@ class PiperEngine(Engine):
             newcomers = [s for s in starting if s.next_sentence == 0]
             wide = self.width_costs_time and len(newcomers) >= WIDE_START
             for s, (z_p, d) in zip(starting, priors):
-                ahead = 2 if wide and s in newcomers else 1
-                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_flow_pieces=ahead)
+                first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and s in newcomers else (FIRST_CHUNK_FRAMES, 1)
+                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,
+                                                  first_flow_pieces=flow_pieces)
                 durations[id(s)] = d.cpu().numpy()
         with torch.inference_mode():
             pieces = SentenceDecoder.step_many([decoders[id(s)] for s in streams])  # type: ignore[misc]

@@ -88,41 +88,30 @@ def test_every_newcomer_of_a_burst_has_audio_after_the_first_step(engine):
         assert isinstance(r.pieces[0], WordTimings)  # the words come ahead of their audio
 
 
-def test_a_wide_burst_flows_ahead_so_its_second_steps_only_decode(engine):
-    """On a CPU a burst's second steps run one after another, each within the first
-    pieces' 162.5 ms: the newcomers' first step computes their second pieces' flow too.
-    The audio is the same."""
+def test_a_wide_burst_gets_longer_first_pieces_and_the_same_audio(engine):
+    """On a CPU a burst's second steps run one after another, so its first pieces must
+    last longer than a lone newcomer's; the audio is the same, cut elsewhere."""
+    from engine.piper.chunked import FIRST_CHUNK_FRAMES
     from engine.piper.engine import WIDE_START
 
-    vits = engine._voices["joe"].vits
+    hop = engine._voices["joe"].config.hop_length
     texts = [TEXTS["long"], TEXTS["medium"], TEXTS["medium"] + " Again."]
-    flows = []
-    real_flow = vits.flow_reverse
 
-    def counting_flow(*args, **kwargs):
-        flows.append(1)
-        return real_flow(*args, **kwargs)
+    def first_audio(pieces) -> np.ndarray:
+        return next(p for p in pieces if isinstance(p, np.ndarray))
 
-    def second_step_flows(n: int) -> int:
-        streams = [engine.open(t, PARAMS) for t in texts[:n]]
-        first = engine.step(streams)
-        flows.clear()
-        second = engine.step(streams)
-        assert not any(isinstance(r, Exception) for r in first + second)
-        return len(flows)
-
-    vits.flow_reverse = counting_flow
-    try:
-        assert second_step_flows(WIDE_START) == 0
-        assert second_step_flows(WIDE_START - 1) > 0  # fewer keep the cheapest first step
-    finally:
-        del vits.flow_reverse
-    alone = [split(engine.synthesize(t, PARAMS))[0] for t in texts]
-    together, sizes = run_batched(engine, texts, joins=[0] * len(texts))
+    wide = texts[:WIDE_START]
+    alone = [list(engine.synthesize(t, PARAMS)) for t in wide]
+    together, sizes = run_batched(engine, wide, joins=[0] * len(wide))
     assert sizes[0] == WIDE_START
-    for a, pieces in zip(alone, together):
-        b = split(pieces)[0]
+    for one, batched in zip(alone, together):
+        assert first_audio(one).size == FIRST_CHUNK_FRAMES * hop
+        assert first_audio(batched).size == 2 * FIRST_CHUNK_FRAMES * hop
+        a, b = split(one)[0], split(batched)[0]
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
+    # Fewer at once keep the short first piece.
+    pieces, _ = run_batched(engine, texts[: WIDE_START - 1], joins=[0] * (WIDE_START - 1))
+    assert all(first_audio(p).size == FIRST_CHUNK_FRAMES * hop for p in pieces)
 
 
 def test_batched_priors_draw_each_sentences_noise_as_alone(vits, phoneme_ids):

@@ -171,25 +171,22 @@ def test_the_first_step_computes_no_more_than_the_first_piece_needs(vits: Vits, 
     assert snr_db(whole_first, first) > MIN_SNR_DB
 
 
-def test_a_long_sentence_flows_just_what_its_early_pieces_need(vits: Vits, latent):
-    """Each early piece has only the one before it to arrive in (162.5 ms, then 325 ms).
-    A burst of newcomers' steps each carrying a 512-frame flow block made every listener
-    but the first stall, so the block waits until the early pieces are out."""
+def test_a_long_sentence_flows_just_what_its_second_piece_needs(vits: Vits, latent):
+    """The second piece has only the first one's 162.5 ms to arrive in. A burst of
+    newcomers' second steps each carrying a 512-frame flow block made every listener
+    but the first stall, so the block waits for the third step."""
     z_p, _, whole = latent
     recorder = _Recorder(vits)
-    assert z_p.shape[2] > chunked.FLOW_BLOCK_FRAMES // 2 + 128, "the fixture must be long enough to need a block"
+    assert z_p.shape[2] > chunked.FLOW_BLOCK_FRAMES // 2 + 64, "the fixture must be long enough to need a block"
+    ctx, flow_ctx = chunked.CONTEXT_FRAMES, chunked.FLOW_CONTEXT_FRAMES
     pieces = list(stream_chunks(recorder, z_p, pad_to=chunked.SHAPE_BUCKET))  # type: ignore[arg-type]
-    ctx, flow_ctx, early = chunked.CONTEXT_FRAMES, chunked.FLOW_CONTEXT_FRAMES, chunked.FLOW_JUST_IN_TIME_PIECES
-    spans = chunk_spans(10_000, chunked.FIRST_CHUNK_FRAMES, chunked.CHUNK_FRAMES)
-    # Windows with their whole context keep their own width (the second: 50 frames, not 64)...
-    assert recorder.decode_widths[1] == spans[1][1] - spans[1][0] + 2 * ctx
-    # ...and the flow gives each early window just the frames it reaches, with its context.
-    reach = [end + ctx for _, end in spans[:early]]
-    assert recorder.flow_widths[:early] == [
-        hi + flow_ctx - max(0, lo - flow_ctx) for lo, hi in zip([0] + reach, reach)
-    ]
-    # Then the rest of the sentence as one block, and the audio is still exact.
-    assert len(recorder.flow_widths) == early + 1
+    first, second = chunked.FIRST_CHUNK_FRAMES, 2 * chunked.FIRST_CHUNK_FRAMES
+    # The second window, unclipped, keeps its own width (50 frames, not 64)...
+    assert recorder.decode_widths[1] == second + 2 * ctx
+    # ...and the flow gives just the frames it reaches, from the start (its left context).
+    assert recorder.flow_widths[1] == first + second + ctx + flow_ctx
+    # The third step runs the rest as one block, and the audio is still exact.
+    assert len(recorder.flow_widths) == 3
     assert snr_db(whole, np.concatenate(pieces)) > MIN_SNR_DB
 
 
@@ -198,15 +195,17 @@ def test_a_first_step_can_flow_ahead_so_that_the_second_only_decodes(vits: Vits,
     newcomers' first steps flow for the second piece too."""
     z_p, _, whole = latent
     recorder = _Recorder(vits)
-    sentence = chunked.SentenceDecoder(recorder, z_p=z_p, first_flow_pieces=2)  # type: ignore[arg-type]
+    sentence = chunked.SentenceDecoder(
+        recorder, z_p=z_p, first_chunk_frames=2 * chunked.FIRST_CHUNK_FRAMES, first_flow_pieces=2,  # type: ignore[arg-type]
+    )
     pieces = chunked.SentenceDecoder.step_many([sentence])
-    second_end = 3 * chunked.FIRST_CHUNK_FRAMES
-    assert recorder.flow_widths == [second_end + chunked.CONTEXT_FRAMES + chunked.FLOW_CONTEXT_FRAMES]
+    first, second = 2 * chunked.FIRST_CHUNK_FRAMES, 4 * chunked.FIRST_CHUNK_FRAMES
+    assert recorder.flow_widths == [first + second + chunked.CONTEXT_FRAMES + chunked.FLOW_CONTEXT_FRAMES]
     pieces += chunked.SentenceDecoder.step_many([sentence])
     assert len(recorder.flow_widths) == 1 and len(recorder.decode_widths) == 2
     while not sentence.finished:
         pieces += chunked.SentenceDecoder.step_many([sentence])
-    assert pieces[0].size == chunked.FIRST_CHUNK_FRAMES * vits.hop_length
+    assert pieces[0].size == first * vits.hop_length
     assert snr_db(whole, np.concatenate(pieces)) > MIN_SNR_DB
 
 
@@ -239,8 +238,8 @@ class _Shapes:
         return torch.zeros(z.shape[0], z.shape[2] * self.hop_length)
 
 
-@pytest.mark.parametrize("flow_pieces", [1, 2])
-def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length(flow_pieces: int):
+@pytest.mark.parametrize("first, flow_pieces", [(chunked.FIRST_CHUNK_FRAMES, 1), (2 * chunked.FIRST_CHUNK_FRAMES, 2)])
+def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length(first: int, flow_pieces: int):
     """oneDNN compiles and keeps kernels per input shape, so the widths must not grow
     with the sentences served. Only a window cut off by the sentence's end is rounded up
     to the bucket; the others start and end at the same frames in every sentence."""
@@ -250,7 +249,7 @@ def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length(flow_pi
         for n in lengths:
             sentence = chunked.SentenceDecoder(
                 model, z_p=torch.zeros(1, 2, n), pad_to=chunked.SHAPE_BUCKET,  # type: ignore[arg-type]
-                first_flow_pieces=flow_pieces,
+                first_chunk_frames=first, first_flow_pieces=flow_pieces,
             )
             while not sentence.finished:
                 chunked.SentenceDecoder.step_many([sentence])
@@ -260,6 +259,6 @@ def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length(flow_pi
     longer_decodes, longer_flows = widths(range(2000, 4000, 7))
     assert longer_decodes <= decodes and longer_flows <= flows
     bucket = chunked.SHAPE_BUCKET
-    assert chunked.FIRST_WINDOW_FRAMES in decodes  # the first window is not rounded up
-    assert len({w for w in decodes if w % bucket}) <= 5 and len({w for w in flows if w % bucket}) <= chunked.FLOW_JUST_IN_TIME_PIECES
+    assert first + chunked.CONTEXT_FRAMES in decodes  # the first window is not rounded up
+    assert len({w for w in decodes if w % bucket}) <= 5 and len({w for w in flows if w % bucket}) <= 2
     assert len(decodes) <= 20 and len(flows) <= 60
