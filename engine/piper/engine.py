@@ -57,9 +57,9 @@ GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 # third of it flow) took longer than a 162.5 ms first piece plays for, and every
 # listener in a burst of four but the first stalled just after it. A 200 ms network
 # frame leaves only 200 ms of a 325 ms piece at once, so the longer piece alone halved
-# the stalls; with the second steps only decoding, none was left, for 10-15% more
-# first-audio time. A burst of eight still stalls on 2 cores, but for a third as long,
-# its first audio a third later (benchmarks/README.md, bursts).
+# the stalls; with the second steps only decoding, none was left, for first audio a
+# quarter to a third later. A burst of eight still stalls on 2 cores, but for a third
+# as long, its first audio a third later (benchmarks/README.md, bursts).
 WIDE_START = 3
 
 
