@@ -301,10 +301,10 @@ class PiperEngine(Engine):
                     priors += vits.infer_priors([ids[i] for i in part], cfg.noise_scale,
                                                 [starting[i].length_scale for i in part], cfg.noise_w_scale,
                                                 bucket=PHONEME_BUCKET)
-            newcomers = [s for s in starting if s.next_sentence == 0]
+            newcomers = {id(s) for s in starting if s.next_sentence == 0}
             wide = self.width_costs_time and len(newcomers) >= WIDE_START
             for s, (z_p, d) in zip(starting, priors):
-                first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and s in newcomers else (FIRST_CHUNK_FRAMES, 1)
+                first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and id(s) in newcomers else (FIRST_CHUNK_FRAMES, 1)
                 decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,
                                                   first_flow_pieces=flow_pieces)
                 durations[id(s)] = d.cpu().numpy()
