@@ -9,7 +9,11 @@ ARGS   ?=
 PYTEST_ARGS ?=
 
 BIN   := $(VENV)/bin
-STAMP := $(VENV)/.voxwire-installed
+# Two install stamps: the server and its runtime dependencies (what `make serve` needs), and
+# on top of them what only the tests and benchmarks need (test, bench and Ray extras, the
+# CosyVoice2 reference), so that `make serve` on a fresh machine installs no test package.
+SERVE_STAMP := $(VENV)/.voxwire-serve-installed
+TEST_STAMP  := $(VENV)/.voxwire-test-installed
 SERVE_FLAGS := $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 .PHONY: serve test install system-packages clean
@@ -36,20 +40,24 @@ $(BIN)/python:
 
 ORACLE := tests/engine/cosyvoice2/oracle-requirements.txt
 
-# Reinstall whenever a dependency list changes, so `make test` also updates .venv.
+# Reinstall whenever a dependency list changes, so `make serve` and `make test` also update .venv.
+$(SERVE_STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
+	$(BIN)/python -m pip install --quiet -e clients/python -e .
+	touch $@
+
 # The CosyVoice2 reference (a test oracle only) goes in without its dependencies: it pins
 # torch, numpy and transformers versions that the project must not take.
-$(STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml $(ORACLE)
-	$(BIN)/python -m pip install --quiet -e clients/python -e '.[test,bench,ray]'
+$(TEST_STAMP): $(SERVE_STAMP) $(ORACLE)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,ray]'
 	$(BIN)/python -m pip install --quiet --no-deps -r $(ORACLE)
 	touch $@
 
-install: $(STAMP)
+install: $(SERVE_STAMP)
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(BIN)/voxwire serve $(SERVE_FLAGS) $(ARGS)
 
-test: system-packages $(STAMP)
+test: system-packages $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
