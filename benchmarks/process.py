@@ -88,11 +88,19 @@ def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def gauge(http: str, name: str) -> float:
-    """One value from the server's /metrics."""
+async def gauges(http: str, *names: str) -> tuple[float, ...]:
+    """Values from one scrape of the server's /metrics, in the order named."""
     async with httpx.AsyncClient(timeout=30) as client:
         text = (await client.get(f"{http}/metrics")).text
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
-    if m is None:
-        raise KeyError(name)
-    return float(m.group(1))
+    values = []
+    for name in names:
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        if m is None:
+            raise KeyError(name)
+        values.append(float(m.group(1)))
+    return tuple(values)
+
+
+async def gauge(http: str, name: str) -> float:
+    """One value from the server's /metrics."""
+    return (await gauges(http, name))[0]
