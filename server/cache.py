@@ -4,11 +4,17 @@ Keyed by engine, voice, speed and normalised text: a repeated request (a prompt 
 tuned, a fixed greeting) streams from memory at once. The audio is kept at the engine's
 rate, before resampling and encoding, so one entry serves every output format. A voice
 that is registered again drops its entries, so nothing stale is served.
+
+A replay gives its audio in slices, as the engine gave it the first time: encoding a
+whole utterance in one go (Opus, MP3, AAC) would hold back its first frame, and every
+other stream on the event loop, until all of it was encoded.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +22,10 @@ import numpy as np
 from engine.base import WordTiming, WordTimings
 from engine.audio_queue import Finished, Flushed, Item
 from engine.text import normalize
+
+REPLAY_SLICE_SECONDS = 0.2
+"""Audio a replay encodes at a time: its first frame leaves after this much, and the
+event loop has a turn between two slices."""
 
 
 @dataclass(frozen=True)
@@ -42,20 +52,20 @@ class Replay:
 
     It offers what the pipeline reads of the worker's utterance (a queue, flush, cancel,
     its figures), but nothing computes behind it: its queue already holds what the worker
-    once produced, a ``flush`` is answered in order (before Finished, which its queue
-    gives last), and there is nothing to bound, as the audio is already in memory."""
+    once produced (in slices, each word timing ahead of the slice it starts in), a
+    ``flush`` is answered in order (before Finished, which its queue gives last), and
+    there is nothing to bound, as the audio is already in memory."""
 
     complete = True
     steps = 0
     compute_seconds = 0.0
     outcome: str | None = None
 
-    def __init__(self, audio: CachedAudio) -> None:
+    def __init__(self, audio: CachedAudio, rate: int) -> None:
         self.segments = audio.segments
         self.queue = _ReplayQueue()
-        if audio.words:
-            self.queue.put(WordTimings(audio.words))
-        self.queue.put(audio.audio)
+        for item in replay_items(audio, max(1, round(rate * REPLAY_SLICE_SECONDS))):
+            self.queue.put(item)
 
     def feed(self, text: str, final: bool = False) -> None:
         raise RuntimeError("a replay has all its text")
@@ -67,11 +77,34 @@ class Replay:
         self.queue.clear()
 
 
+def replay_items(audio: CachedAudio, size: int) -> Iterator[WordTimings | np.ndarray]:
+    """A cached utterance's queue items: slices of ``size`` samples (views, not copies),
+    each preceded by the timings of the words that start in it, as fresh audio is; words
+    that start past the end go with the last slice."""
+    words = audio.words or ()
+    total = audio.audio.shape[0]
+    taken = 0
+    for start in range(0, max(total, 1), size):
+        end = start + size
+        last = end >= total
+        upto = taken
+        while upto < len(words) and (last or words[upto].start < end):
+            upto += 1
+        if upto > taken:
+            yield WordTimings(words[taken:upto])
+            taken = upto
+        if total:
+            yield audio.audio[start:end]
+
+
 class _ReplayQueue:
     def __init__(self) -> None:
         self._items: deque[Item] = deque()
 
     async def get(self) -> Item:
+        # Its items are all here already, so nothing would suspend the reader: give the
+        # event loop a turn per item, or a long replay encodes without letting anyone in.
+        await asyncio.sleep(0)
         return self._items.popleft() if self._items else Finished()
 
     def put(self, item: Item) -> None:

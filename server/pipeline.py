@@ -457,7 +457,7 @@ class Pipeline:
         # Only a one-shot utterance can be looked up: streamed text is not known yet.
         hit = self.cache.get(key, with_words=settings.timestamps) if key is not None and request.final else None
         if hit is not None:
-            speech = Speech(self, request, Replay(hit), engine.sample_rate, key, hit)
+            speech = Speech(self, request, Replay(hit, engine.sample_rate), engine.sample_rate, key, hit)
             self.open_speeches.add(speech)
             return speech
         try:

@@ -1,9 +1,10 @@
 """``/v1/voices``: list voices, and register a cloned voice from reference audio.
 
-Uploads are decoded with libsndfile (soundfile: WAV, FLAC, OGG, MP3 and more), then handed
-to the engine on its own thread; engines that cannot clone say so (501). A registration
-may carry the voice's default ``fast_start`` (CosyVoice2's sooner first chunk), which a
-request that does not choose then gets.
+Uploads are decoded with libsndfile (soundfile: WAV, FLAC, OGG, MP3 and more) on a thread
+of their own, then handed to the engine on its own thread; engines that cannot clone say so
+(501). Decoding stops at what a reference could need: 16 MiB of MP3 holds hours of audio,
+gigabytes once decoded. A registration may carry the voice's default ``fast_start``
+(CosyVoice2's sooner first chunk), which a request that does not choose then gets.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024
 MAX_TRANSCRIPT_CHARS = 2000
+MAX_DECODED_SECONDS = 60
+"""Twice the longest reference an engine takes (CosyVoice2: 30 s): the engine, not this,
+says how long a reference may be; past it, decoding would only cost time and memory."""
+MAX_DECODED_SAMPLES = MAX_DECODED_SECONDS * 192_000 * 2
+"""60 s of 192 kHz stereo (88 MiB as float32): the most decoded, whatever the rate and channels."""
 
 _STATUS = {
     "voice_registration_unsupported": 501,
@@ -42,9 +48,16 @@ def error(code: str, message: str, status: int | None = None) -> JSONResponse:
 
 
 def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
-    """Any format libsndfile reads, to float32 mono."""
+    """Any format libsndfile reads, to float32 mono. Blocking (call it on a thread), and
+    ``audio_too_long`` past ``MAX_DECODED_SECONDS`` or ``MAX_DECODED_SAMPLES``, told by
+    the length libsndfile finds before decoding (it then decodes no more than that)."""
     try:
-        audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(io.BytesIO(data)) as f:
+            rate, channels = int(f.samplerate), f.channels
+            limit = min(MAX_DECODED_SECONDS * rate, MAX_DECODED_SAMPLES // channels)
+            if f.frames > limit:
+                raise too_long(f.frames, rate, channels)
+            audio = f.read(dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError):
         # libsndfile's text names internal objects; the person needs to know what to send.
         raise EngineError(
@@ -52,7 +65,20 @@ def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
         ) from None
     if audio.size == 0:
         raise EngineError("bad_audio", "the upload holds no samples")
-    return audio.mean(axis=1).astype(np.float32), int(rate)
+    return audio.mean(axis=1).astype(np.float32), rate
+
+
+def too_long(frames: int, rate: int, channels: int) -> EngineError:
+    holds = f"{frames / rate:.1f} s"
+    if frames > MAX_DECODED_SECONDS * rate:
+        return EngineError(
+            "audio_too_long", f"the upload holds {holds} of audio; a reference may be at most {MAX_DECODED_SECONDS} s"
+        )
+    return EngineError(
+        "audio_too_long",
+        f"the upload holds {holds} of {channels}-channel audio at {rate} Hz, more data than "
+        f"{MAX_DECODED_SECONDS} s of 192 kHz stereo; send fewer channels or a lower sample rate",
+    )
 
 
 async def cannot_clone(request: Request, engine: Engine) -> Response:
@@ -115,7 +141,8 @@ async def register_voice(request: Request, worker: Worker, cache: ResultCache) -
         fast_start = form_flag(form.get("fast_start"), "fast_start")
         # Passed only when given: ``Engine.register_voice`` itself has no such argument.
         options = {} if fast_start is None else {"fast_start": fast_start}
-        audio, rate = decode_audio(data)
+        # Seconds of CPU for a long upload: on the event loop, every other stream would wait.
+        audio, rate = await asyncio.to_thread(decode_audio, data)
         registered = await asyncio.wrap_future(worker.call(lambda e: e.register_voice(audio, rate, transcript, name, **options)))
     except EngineError as e:
         return error(e.code, e.message)

@@ -1,10 +1,20 @@
 """The result cache: repeats stream from memory, bounded by bytes, never stale."""
 
-import numpy as np
+import asyncio
+from collections.abc import Iterator
 
-from server.cache import CachedAudio, ResultCache
+import httpx
+import numpy as np
+import pytest
+
+from engine.base import WordTimings
+from server.cache import REPLAY_SLICE_SECONDS, CachedAudio, ResultCache
 from server.config import ServerConfig
-from tests.conftest import run_server
+from server.pipeline import FrameStream, Speech, UtteranceRequest
+from tests.conftest import RunningServer, run_server
+from tests.server.codec_checks import decode
+from tests.fixtures.waiting import wait_until
+from voxwire_client import Client
 from voxwire_client.sync import synthesize_async
 
 TEXT = "Caching this sentence saves the engine some work."
@@ -52,3 +62,110 @@ def test_lru_by_bytes_and_voice_invalidation():
     assert len(cache) == 4
     cache.invalidate_voice("v1")
     assert all(k.voice == "v2" for k in cache._entries) and cache.get(keys[3]) is None
+
+
+# About half a minute of speech: a replay long enough to take many slices and frames.
+LONG_TEXT = " ".join(
+    f"Sentence number {i} of this long reply is here to keep the encoder busy for a while." for i in range(6)
+)
+
+
+@pytest.fixture(scope="module")
+def cached_server() -> Iterator[RunningServer]:
+    with run_server(ServerConfig(cache_mb=64)) as s:
+        yield s
+
+
+class QueueSpy:
+    """What each FrameStream of the server is given by its utterance's queue, in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.items: list[np.ndarray | WordTimings] = []
+        receive = FrameStream.receive
+
+        def spy(stream: FrameStream, item: object) -> list[object]:
+            if isinstance(item, (np.ndarray, WordTimings)):
+                self.items.append(item)
+            return receive(stream, item)
+
+        monkeypatch.setattr(FrameStream, "receive", spy)
+
+    def taken(self) -> list[np.ndarray | WordTimings]:
+        items, self.items = self.items, []
+        return items
+
+
+async def test_a_replay_gives_its_audio_in_slices_words_first(cached_server, monkeypatch):
+    spy = QueueSpy(monkeypatch)
+    text = " ".join([TEXT] * 3)  # three sentences: three sets of word timings
+    fresh = await synthesize_async(text, cached_server.ws, sample_rate=16000, timestamps=True)
+    fresh_items = spy.taken()
+    async with await Client.connect(cached_server.ws) as client:
+        u = await client.speak(text, sample_rate=16000, timestamps=True)
+        order = [item async for item in u]
+    replayed = spy.taken()
+    assert fresh.done["cached"] is False and order[-1]["cached"] is True
+
+    # The engine's audio again, sample for sample, but in slices of at most 200 ms.
+    slices = [x for x in replayed if isinstance(x, np.ndarray)]
+    engine_rate = cached_server.service.worker.loaded_engine().sample_rate
+    assert len(slices) > 5 and all(0 < s.size <= round(engine_rate * REPLAY_SLICE_SECONDS) for s in slices)
+    fresh_audio = np.concatenate([x for x in fresh_items if isinstance(x, np.ndarray)])
+    assert np.array_equal(np.concatenate(slices), fresh_audio)
+    # Each word timing comes just ahead of the slice its word starts in.
+    position, ahead = 0, []
+    for item in replayed:
+        if isinstance(item, WordTimings):
+            ahead += item.words
+            continue
+        assert all(position <= w.start < position + item.size for w in ahead)
+        position, ahead = position + item.size, []
+    assert not ahead
+    replay_words = [w for x in replayed if isinstance(x, WordTimings) for w in x.words]
+    assert replay_words == [w for x in fresh_items if isinstance(x, WordTimings) for w in x.words]
+
+    # What the client hears: the same words, each sent before the frame it starts in.
+    assert u.words == fresh.words and len(u.words) == len(text.split())
+    words_waiting: list[dict] = []
+    for item in order:
+        kind = getattr(item, "type", "audio")
+        if kind == "timestamps":
+            words_waiting += item["words"]
+        elif kind == "audio":
+            end_ms = (item.offset + item.samples) * 1000 / 16000
+            assert all(w["start_ms"] < end_ms for w in words_waiting)
+            words_waiting = []
+
+
+async def test_a_long_replay_takes_turns_with_the_rest_of_the_event_loop(cached_server, monkeypatch):
+    pipeline = cached_server.service.pipeline
+    open_speech = pipeline.open
+    seen: list[int] = []  # the replay's frames encoded so far, at each of the ticker's turns
+    tickers: list[asyncio.Task[None]] = []
+
+    async def ticker(speech: Speech) -> None:
+        while speech.outcome is None:
+            seen.append(speech.stream.frames)
+            await asyncio.sleep(0)
+        seen.append(speech.stream.frames)
+
+    def watched(request: UtteranceRequest) -> Speech:
+        speech = open_speech(request)
+        if speech.cached:  # started on the server's event loop, beside the replay
+            tickers.append(asyncio.get_running_loop().create_task(ticker(speech)))
+        return speech
+
+    async with httpx.AsyncClient(base_url=cached_server.http, timeout=120) as http:
+        request = {"model": "tts-1", "voice": "joe", "input": LONG_TEXT, "response_format": "opus"}
+        fresh = await http.post("/v1/audio/speech", json=request)
+        monkeypatch.setattr(pipeline, "open", watched)
+        replay = await http.post("/v1/audio/speech", json=request)
+    assert fresh.headers["x-voxwire-cached"] == "0" and replay.headers["x-voxwire-cached"] == "1"
+    # The same Opus stream (but for its random serial number): the same samples decoded.
+    assert np.array_equal(decode(replay.content)[0], decode(fresh.content)[0])
+    await wait_until(lambda: len(tickers) == 1 and tickers[0].done())
+    frames = seen[-1]
+    assert frames > 50  # about half a minute of audio
+    # Between most two frames of the replay, the rest of the event loop had a turn; a
+    # replay encoded in one go would let the ticker see only its start and its end.
+    assert len(set(seen)) > frames // 2

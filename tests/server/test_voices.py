@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 
 import httpx
 import numpy as np
 import pytest
 import soundfile
 
-from server.voices import decode_audio
+from engine.base import EngineError
+from server import voices
+from server.voices import MAX_DECODED_SAMPLES, MAX_DECODED_SECONDS, decode_audio
 from tests.engine.cosyvoice2.test_schedule import no_early_stop
 from tests.server.test_openai import (  # server_log is a fixture, used by name
     assert_logged_as_ordinary,
@@ -131,6 +134,7 @@ async def test_cancel_stops_the_lm_loop(cosyvoice_server):
         (b"definitely not audio", "words", "bad_audio", 400),
         (reference_wav(seconds=0.3), "words", "audio_too_short", 400),
         (reference_wav(seconds=31), "words", "audio_too_long", 400),
+        (reference_wav(seconds=61, fmt="FLAC"), "words", "audio_too_long", 400),  # refused before decoding
         (reference_wav(), "", "transcript_missing", 400),
     ],
 )
@@ -279,6 +283,61 @@ def test_decode_audio_reads_any_libsndfile_format_to_mono():
     with pytest.raises(Exception) as e:
         decode_audio(b"RIFF....WAVEjunk")
     assert getattr(e.value, "code", None) == "bad_audio"
+
+
+def silence(seconds: int, rate: int, channels: int = 1, fmt: str = "FLAC") -> bytes:
+    """A long upload in a few kilobytes (FLAC of silence), written a second at a time."""
+    buf = io.BytesIO()
+    with soundfile.SoundFile(buf, "w", rate, channels, format=fmt) as f:
+        second = np.zeros((rate, channels), np.float32)
+        for _ in range(seconds):
+            f.write(second)
+    return buf.getvalue()
+
+
+def test_decode_audio_reads_no_more_than_a_reference_could_need(monkeypatch):
+    decoded: list[int] = []  # frames libsndfile decoded, per read
+    read = soundfile.SoundFile.read
+
+    def counted(self, *args, **kwargs):
+        out = read(self, *args, **kwargs)
+        decoded.append(len(out))
+        return out
+
+    monkeypatch.setattr(soundfile.SoundFile, "read", counted)
+    # Ten minutes: far past any reference, in 30 kB; and 8 channels at 192 kHz for 20 s,
+    # within 60 s but more samples than 60 s of 192 kHz stereo.
+    for upload, said in ((silence(600, RATE), "600.0 s"), (silence(20, 192000, channels=8), "8-channel")):
+        with pytest.raises(EngineError) as e:
+            decode_audio(upload)
+        assert e.value.code == "audio_too_long" and said in e.value.message and f"{MAX_DECODED_SECONDS} s" in e.value.message
+    assert sum(decoded) == 0  # refused on its length, before decoding any of it
+    # Up to the limit, all of it is decoded: how long a reference may be is the engine's to say.
+    audio, rate = decode_audio(silence(MAX_DECODED_SECONDS, RATE, channels=2))
+    assert (rate, audio.shape) == (RATE, (MAX_DECODED_SECONDS * RATE,)) and decoded == [MAX_DECODED_SECONDS * RATE]
+    assert MAX_DECODED_SECONDS * RATE * 2 <= MAX_DECODED_SAMPLES
+
+
+async def test_decoding_an_upload_leaves_the_event_loop_to_everyone_else(cosyvoice_server, monkeypatch):
+    decoding, release = threading.Event(), threading.Event()
+
+    def held(data: bytes) -> tuple[np.ndarray, int]:
+        decoding.set()
+        release.wait(120)  # bounded: a failing test never holds the server for good
+        return decode_audio(data)
+
+    monkeypatch.setattr(voices, "decode_audio", held)
+    upload = asyncio.create_task(register(cosyvoice_server, reference_wav(f0=260), name="held"))
+    try:
+        assert await asyncio.to_thread(decoding.wait, 120)
+        # While an upload decodes, the server answers everyone else.
+        async with httpx.AsyncClient(base_url=cosyvoice_server.http, timeout=20) as http:
+            listed = await http.get("/v1/voices")
+        assert listed.status_code == 200 and "held" not in [v["name"] for v in listed.json()["voices"]]
+    finally:
+        release.set()
+    registered = await upload
+    assert registered.status_code == 201 and registered.json()["name"] == "held"
 
 
 async def test_one_registry_no_voice_yet_then_exactly_one_201(tmp_path):
