@@ -63,7 +63,9 @@ CODECS: Mapping[str, Codec] = MappingProxyType({
     "aac": Codec("adts", "aac", "aac", "audio/aac", _MP3_AAC_RATES, bit_rate=64000),
     # Blocks of 1152 samples: FFmpeg's own choice (105 ms) is longer than a first chunk
     # can be, and would hold it back whole. No 8 KiB padding block after STREAMINFO:
-    # nothing will fill it in a stream.
+    # nothing will fill it in a stream. STREAMINFO leaves before the length is known, so
+    # its total says 0 ("unknown"), which libsndfile cannot read: docs/protocol.md, "A
+    # streamed FLAC and its readers", says which readers can, and how to write it in.
     "flac": Codec(
         "flac", "flac", "flac", "audio/flac", None,
         options={"frame_size": "1152"}, muxer_options={"metadata_header_padding": "0"},

@@ -28,6 +28,10 @@ class ProtocolError(Exception):
         self.message = message
         self.ctx = ctx
         self.extra = extra
+        self.message_type: str | None = None
+        """The ``type`` of the message refused (set by ``parse`` where it knew it, and
+        by the session for a dropped ``progress``): an error about a message that cannot
+        end an utterance (``progress``) is never terminal."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ def parse(data: str | bytes) -> Message:
             return Progress(ctx=_ctx(obj, required=True), played=played)
     except ProtocolError as e:
         e.ctx = e.ctx or ctx
+        e.message_type = kind
         raise
     raise ProtocolError("unknown_type", f"unknown message type {kind!r}", ctx)
 

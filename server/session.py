@@ -95,11 +95,13 @@ class Session:
             message = protocol.parse(data)
             # Parsed first, so the refusal can name the utterance whose text was dropped.
             if not self._bucket.take():
-                raise ProtocolError(
+                dropped = ProtocolError(
                     "rate_limited",
                     f"more than {self.limits.messages_per_second:g} messages per second; this message was dropped",
                     getattr(message, "ctx", None),
                 )
+                dropped.message_type = "progress" if isinstance(message, Progress) else None
+                raise dropped
             if isinstance(message, Configure):
                 await self._config(message)
             elif isinstance(message, Speak):
@@ -111,9 +113,17 @@ class Session:
             elif isinstance(message, Progress):
                 self._progress(message)
         except ProtocolError as e:
-            # "terminal": the utterance this error names is not (or no longer) alive.
-            terminal = {"terminal": e.ctx not in self._live} if e.ctx is not None else {}
+            terminal = {"terminal": self._terminal(e)} if e.ctx is not None else {}
             await self._send(protocol.error(e.code, e.message, e.ctx, **terminal, **e.extra))
+
+    def _terminal(self, e: ProtocolError) -> bool:
+        """An error's ``terminal`` (docs/protocol.md, ``error``): no utterance is active
+        under the ctx it names, except that an error about progress is never terminal."""
+        # Progress neither opens nor ends an utterance: "terminal" would tell the client
+        # that something ended, or that the ctx is spent, when neither is so.
+        if e.message_type == "progress":
+            return False
+        return e.ctx not in self._live
 
     async def _config(self, message: Configure) -> None:
         settings = protocol.with_overrides(self.defaults, message.settings)
@@ -162,7 +172,10 @@ class Session:
         if voicing.speech.complete:
             raise ProtocolError("ctx_finished", f"utterance {ctx!r} already received its final text", ctx)
         if message.settings:
-            raise ProtocolError("invalid_field", "voice and format can only be set in the first speak of an utterance", ctx)
+            refused = " and ".join(f'"{name}"' for name in message.settings)
+            raise ProtocolError(
+                "invalid_field", f"{refused} can only be set in the first speak of an utterance", ctx
+            )
         if voicing.speech.text_chars + len(message.text) > self.limits.max_text_chars:
             raise ProtocolError(
                 "text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance", ctx

@@ -196,3 +196,36 @@ async def test_timestamps_on_an_engine_without_them_are_refused_and_ready_says_s
             await send(ws, type="config", timestamps=True)
             assert (await events(ws, "error"))[-1]["code"] == "timestamps_unsupported"
         await settled(s)
+
+
+async def test_a_bad_progress_report_ends_nothing_and_its_ctx_is_still_spoken(tone):
+    async with await connect(tone) as ws:
+        # A report for a ctx not yet used, one that is malformed, and one for an ended ctx:
+        # progress neither opens nor ends an utterance, so none of them is terminal.
+        await send(ws, type="progress", ctx="later", played=-1)
+        bad = (await events(ws, "error", "later"))[-1]
+        assert (bad["code"], bad["terminal"]) == ("invalid_field", False) and '"played"' in bad["message"]
+        await send(ws, type="progress", ctx="later", played=0)  # well formed, inactive: ignored
+        await send(ws, type="speak", ctx="later", text="la la.")
+        got = await events(ws, "done", "later")
+        assert [e["type"] for e in got] == ["started", "done"]  # nothing answered the valid report
+        await send(ws, type="progress", ctx="later", played="all")
+        after_done = (await events(ws, "error", "later"))[-1]
+        assert (after_done["code"], after_done["terminal"]) == ("invalid_field", False)
+        await send(ws, type="speak", ctx="later", text="la.")  # still ended: done is what ended it
+        assert (await events(ws, "error", "later"))[-1]["code"] == "ctx_finished"
+
+
+async def test_a_setting_in_a_later_speak_is_refused_by_its_own_name(tone):
+    async with await connect(tone) as ws:
+        await send(ws, type="speak", ctx="s", text="la la", final=False)
+        await events(ws, "started", "s")
+        await send(ws, type="speak", ctx="s", text=" la", final=False, speed=1.5)
+        refused = (await events(ws, "error", "s"))[-1]
+        assert (refused["code"], refused["terminal"]) == ("invalid_field", False)
+        assert refused["message"] == '"speed" can only be set in the first speak of an utterance'
+        await send(ws, type="speak", ctx="s", text=" la", final=False, chunk_ms=150, timestamps=False)
+        both = (await events(ws, "error", "s"))[-1]["message"]
+        assert both == '"chunk_ms" and "timestamps" can only be set in the first speak of an utterance'
+        await send(ws, type="speak", ctx="s", text=" la.", final=True)  # the utterance went on
+        assert (await events(ws, "done", "s"))[-1]["type"] == "done"
