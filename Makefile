@@ -19,7 +19,8 @@ SERVE_FLAGS := $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 .PHONY: serve test install system-packages clean
 
 # What the tests need from the OS, from Debian's packages (never a downloaded browser):
-# Chromium and Node for the JS client's tests, nginx for tests/deploy. Installed only when
+# Chromium and Node for the JS client's tests, nginx for tests/deploy, the flac tool for
+# the check of what readers make of a streamed FLAC (docs/protocol.md). Installed only when
 # missing, so a machine that has them is left alone.
 system-packages:
 	@missing=""; \
@@ -28,6 +29,7 @@ system-packages:
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
+	command -v flac >/dev/null || missing="$$missing flac"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make test: installing$$missing from the OS packages"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
