@@ -130,6 +130,21 @@ def held(rows: list[dict[str, Any]]) -> int:
     return best
 
 
+def count_cached(results: dict[str, Any], main_name: str) -> None:
+    """Each server's measured answers (``answers``), and how many of them it said came
+    from its result cache (``cached_answers``: ``done.cached`` on the socket, the
+    ``X-Voxwire-Cached`` header on the OpenAI route). The bench repeats its texts, so a
+    server with its cache on answers most of them from memory: their TTFA times a replay,
+    not synthesis, and the report says so at its top."""
+    for name, s in results["servers"].items():
+        # Level 1 of the staggered sweep is the concurrency-1 measurement: counted once.
+        rows = [s["single"], *s["staggered"][1:], *s["burst"]]
+        if name == main_name:
+            rows += [*results["length"], *([results["poisson"]] if "poisson" in results else [])]
+        s["answers"] = sum(row["utterances"] - row["errors"] for row in rows)
+        s["cached_answers"] = sum(row["cached"] for row in rows)
+
+
 def _level_row(level: int, results: list[UtteranceResult]) -> dict[str, Any]:
     row = {"level": level, **figures(results)}
     row["passed"] = passes(row)
@@ -262,6 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.url is not None:
         target = Target("server", args.url, args.format)
         results.update(asyncio.run(measure([Opener(target)], plan, target.name)))
+        count_cached(results, target.name)
         results["headline"] = headline(results, target.name)
         results["elapsed_s"] = round(time.time() - started, 1)
         return results
@@ -304,6 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stop(proc)
         for p in others:
             p.stop()
+    count_cached(results, VOXWIRE)
     results["headline"] = headline(results, VOXWIRE)
     results["elapsed_s"] = round(time.time() - started, 1)
     return results

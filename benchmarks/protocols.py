@@ -31,6 +31,8 @@ from benchmarks.loadgen import UtteranceResult
 KINDS = ("v1", "openai", "wyoming", "piper_http")
 OPENAI_RATE = 24000  # OpenAI's pcm: 24 kHz, 16-bit mono, little-endian
 WAV_HEADER = 44
+CACHED_HEADER = "X-Voxwire-Cached"
+"""Voxwire's OpenAI route: ``1`` when the answer came from its result cache (as ``done.cached``)."""
 TIMEOUT_S = 30.0
 """The longest wait for the next piece of an answer; a server silent for longer has failed."""
 
@@ -142,6 +144,9 @@ class OpenAISession(_HttpSession):
                 if r.status_code != 200:
                     await r.aread()
                     return _failed(text, f"http_{r.status_code}", sent)
+                # Voxwire says whether the answer was replayed from its result cache; other
+                # servers say nothing, and are taken to have computed it.
+                cached = r.headers.get(CACHED_HEADER)
                 async for chunk in r.aiter_raw():
                     now = time.perf_counter() - sent
                     if not chunk:
@@ -166,10 +171,14 @@ class OpenAISession(_HttpSession):
         result = loadgen.finish(UtteranceResult(words=len(text.split())), arrivals, durations)
         result.first_byte_ms = first_byte
         result.total_ms = (time.perf_counter() - sent) * 1000
-        if decoder is not None and not decoder.decodes and first_byte == first_byte:
+        if cached is not None:
+            result.server["cached"] = cached == "1"
+        undecoded = decoder is not None and not decoder.decodes and first_byte == first_byte
+        if undecoded:
             # No PyAV here: the earliest a client could play is the first byte.
-            result.ttfa_ms, result.server = first_byte, {"first_audio": "first byte (PyAV not installed)"}
-        return result if arrivals or result.server else _no_audio(result)
+            result.ttfa_ms = first_byte
+            result.server["first_audio"] = "first byte (PyAV not installed)"
+        return result if arrivals or undecoded else _no_audio(result)
 
 
 class PiperHttpSession(_HttpSession):

@@ -125,12 +125,28 @@ def headline_table(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cache_warning(r: dict[str, Any]) -> list[str]:
+    """A warning for the top of the report when a server answered from its result cache:
+    a replay's first audio is not a measure of synthesis."""
+    cached = [(name, s) for name, s in r["servers"].items() if s.get("cached_answers")]
+    if not cached:
+        return []
+    each = "; ".join(f"{name}: {s['cached_answers']} of {s['answers']}" for name, s in cached)
+    return [
+        f"**Warning: answers came from a server's result cache** ({each}). Their time to first "
+        "audio measures a replay from memory, not synthesis: measure a server with its cache off "
+        "(`voxwire serve --cache-mb 0`).",
+        "",
+    ]
+
+
 def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
     m, h, cfg = r["machine"], r["headline"], r["config"]
     target = cfg["ttfa_target_ms"]
     lines = [
         "## Results",
         "",
+        *cache_warning(r),
         f"Command: `{command}` ({r['elapsed_s']:.0f} s)  ",
         machine_line(m) + "  ",
         f"Server: {cfg['url']}" if cfg["url"] else

@@ -6,6 +6,7 @@ to benchmarks/README.md."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.bench import PIPER_HTTP, VOXWIRE, VOXWIRE_OPENAI, VOXWIRE_WYOMING, WYOMING_PIPER, Plan, main
+from benchmarks.process import gauge
+from server.config import ServerConfig
+from tests.conftest import run_server
+from tests.fixtures.engines import ToneEngine
 
 
 def ordered(s: dict) -> bool:
@@ -51,6 +56,7 @@ def check_run(out: Path, plan: Plan) -> None:
         if s["kind"] in ("openai", "piper_http"):
             assert single["first_byte_ms"]["p50"] <= single["ttfa_ms"]["p50"]
         assert single["cached"] == 0  # the engine computed every one
+        assert s["cached_answers"] == 0 and s["answers"] > 0
         # Load levels: level 1 is concurrency 1, then the plan's levels, each with enough
         # utterances; a level counts only if every lower one passed.
         assert [row["level"] for row in s["staggered"]] == [1, *plan.sweep_levels]
@@ -88,7 +94,36 @@ def check_run(out: Path, plan: Plan) -> None:
     # The report, its comparison table and its plots.
     md = (out / "report.md").read_text()
     assert "| server | protocol |" in md and "TTFA ÷ floor" in md
+    assert "result cache" not in md.split("Command:")[0]  # no warning: nothing was replayed
     for name in servers:
         assert f"| {name} |" in md
     for png in ("concurrency.png", "servers.png", "length.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def caching_server():
+    """A server with its result cache on, as ``make serve`` starts it. A fresh one for each
+    door, since one cache entry serves every format. The tone engine: what matters here
+    is whether an answer was replayed, not the voice."""
+    with run_server(ServerConfig(cache_mb=16), engine=ToneEngine) as s:
+        yield s
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("door", ["ws", "openai"])
+def test_answers_from_a_servers_result_cache_are_counted_and_flagged(caching_server, tmp_path, capsys, door):
+    url = caching_server.ws if door == "ws" else f"{caching_server.http}/v1/audio/speech"
+    assert main(["--tiny", "--url", url, "--out", str(tmp_path), "--no-plots"]) == 0
+    server = json.loads((tmp_path / "results.json").read_text())["servers"]["server"]
+    # The server's own count of replays. The warm-up text is spoken once, so it is never
+    # replayed: every replay the server made is a measured answer the bench must count.
+    replays = int(asyncio.run(gauge(caching_server.http, "voxwire_cache_hits_total")))
+    assert replays > 0  # the bench repeats its texts
+    assert server["cached_answers"] == replays and server["answers"] > replays
+    # Flagged before any figure, in the printed report and the stored one.
+    printed = capsys.readouterr().out
+    for md in (printed, (tmp_path / "report.md").read_text()):
+        top = md.split("Command:")[0]
+        assert "result cache" in top and f"server: {replays} of {server['answers']}" in top, top
+        assert "--cache-mb 0" in top
