@@ -47,13 +47,21 @@ export function defaultUrl() {
 // (WebCodecs). Opus elsewhere falls back to 16-bit PCM; mp3, aac and flac are for files
 // (the OpenAI route, `voxwire say`), not for this player.
 export const PLAYABLE_FORMATS = ['pcm_s16le', 'pcm_f32le', 'mulaw', 'opus'];
+const FALLBACK_FORMAT = 'pcm_s16le'; // every server sends it
 
-function playable(settings) {
+const canPlay = (format) => PLAYABLE_FORMATS.includes(format) && (format !== 'opus' || canDecodeOpus());
+
+// `serverFormat`: the server's default format, as its `ready` named it, or undefined
+// before `ready`. A server may be started with a compressed default (`voxwire serve
+// --format mp3`), so with no format asked its default is taken only where it plays as it
+// streams; otherwise, and while the default is not known yet, 16-bit PCM is asked for.
+function playable(settings, serverFormat) {
   const { format } = settings;
-  if (format === undefined || PLAYABLE_FORMATS.includes(format)) {
-    return format === 'opus' && !canDecodeOpus() ? { ...settings, format: 'pcm_s16le' } : settings;
+  if (format === undefined) return canPlay(serverFormat) ? settings : { ...settings, format: FALLBACK_FORMAT };
+  if (!PLAYABLE_FORMATS.includes(format)) {
+    throw new TypeError(`format "${format}" cannot be played as it streams: use one of ${PLAYABLE_FORMATS.join(', ')}`);
   }
-  throw new TypeError(`format "${format}" cannot be played as it streams: use one of ${PLAYABLE_FORMATS.join(', ')}`);
+  return canPlay(format) ? settings : { ...settings, format: FALLBACK_FORMAT };
 }
 
 function wireSettings(settings = {}) {
@@ -159,7 +167,10 @@ export class Voxwire extends Emitter {
   }
 
   _open(settings) {
-    const u = new Utterance(this, `js-${++this._next}`, playable({ ...this.defaults, ...wireSettings(settings) }));
+    // `info` is this connection's `ready` (null until then, and again after a close: the
+    // next connection may reach a server with another default).
+    const asked = { ...this.defaults, ...wireSettings(settings) };
+    const u = new Utterance(this, `js-${++this._next}`, playable(asked, this.info?.defaults?.format));
     this._live.set(u.ctx, u);
     this.connect();
     return u;

@@ -54,7 +54,7 @@ export class FakeSocket {
   }
 
   // The server's side.
-  open() { this.readyState = 1; this.onopen?.(); this.json(READY); }
+  open(ready = READY) { this.readyState = 1; this.onopen?.(); this.json(ready); }
   json(m) { this.onmessage({ data: JSON.stringify(m) }); }
   frame(m) { this.onmessage({ data: encode(m) }); }
 }

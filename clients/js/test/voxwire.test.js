@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Voxwire, VoxwireError } from '../voxwire.js';
-import { FakeSocket, s16 } from './fake-socket.js';
+import { FakeSocket, READY, s16 } from './fake-socket.js';
 
 const connect = (opts = {}) => new Voxwire('ws://x/v1/stream', { WebSocket: FakeSocket, ...opts });
 const started = (ctx, extra = {}) => ({ type: 'started', ctx, voice: 'joe', format: 'pcm_s16le', sample_rate: 22050, chunk_ms: 200, speed: 1, ...extra });
@@ -284,4 +284,95 @@ test('played() sends progress, coalesced to ~100 ms of audio, and nothing once e
   await u.finished;
   u.played(9000);
   assert.deepEqual(progress(), [0, 2205, 4410]);
+});
+
+// The `ready` of a server started with another default format (`voxwire serve --format …`).
+const readyWith = (format) => ({ ...READY, defaults: { ...READY.defaults, format } });
+// The format each utterance's first speak asked for (undefined: the server's default).
+const asked = (ws) => {
+  const first = new Map();
+  for (const m of ws.sent) if (m.type === 'speak' && !first.has(m.ctx)) first.set(m.ctx, m.format);
+  return [...first.values()];
+};
+
+test('no format asked: a server default that plays as it streams is taken as it is', async () => {
+  for (const format of ['pcm_s16le', 'pcm_f32le', 'mulaw']) {
+    const vx = connect();
+    const ready = vx.ready;
+    const ws = FakeSocket.last;
+    ws.open(readyWith(format));
+    await ready;
+    vx.speak('Hi.');
+    vx.stream().end('There.');
+    assert.deepEqual(asked(ws), [undefined, undefined], format);
+    assert.ok(ws.sent.every((m) => !('format' in m)), format);
+  }
+});
+
+test('no format asked: a server whose default is compressed is asked for 16-bit PCM, which then plays', async () => {
+  for (const format of ['mp3', 'aac', 'flac']) {
+    const vx = connect();
+    const ready = vx.ready;
+    const ws = FakeSocket.last;
+    ws.open(readyWith(format));
+    await ready;
+    const u = vx.speak('Hi.');
+    vx.stream({ voice: 'joe' });
+    assert.deepEqual(asked(ws), ['pcm_s16le', 'pcm_s16le'], format);
+    const got = [];
+    u.on('audio', (f) => got.push(...f.samples));
+    ws.json(started(u.ctx)); // the server answers with what was asked
+    ws.frame(audio(u.ctx, 0, 0, 32767, -32767));
+    ws.json({ type: 'done', ctx: u.ctx, samples: 2 });
+    await u.finished;
+    assert.deepEqual(got, [1, -1], format);
+  }
+});
+
+test('no format asked: an opus default is taken only where WebCodecs can decode it', async () => {
+  const withOpus = async () => {
+    const vx = connect();
+    const ready = vx.ready;
+    const ws = FakeSocket.last;
+    ws.open(readyWith('opus'));
+    await ready;
+    vx.speak('Hi.');
+    return asked(ws)[0];
+  };
+  assert.equal(await withOpus(), 'pcm_s16le'); // Node has no AudioDecoder
+  // A browser with WebCodecs: only its presence is looked at when choosing the format.
+  globalThis.AudioDecoder = class {};
+  globalThis.EncodedAudioChunk = class {};
+  try {
+    assert.equal(await withOpus(), undefined);
+  } finally {
+    delete globalThis.AudioDecoder;
+    delete globalThis.EncodedAudioChunk;
+  }
+});
+
+test('no format asked: an utterance sent before `ready` has named the default asks for 16-bit PCM', async () => {
+  const vx = connect();
+  vx.speak('Early.'); // queued: the server's default is not known yet
+  const ws = FakeSocket.last;
+  ws.open(readyWith('mp3'));
+  await vx.ready;
+  assert.deepEqual(asked(ws), ['pcm_s16le']);
+
+  // A server whose default plays: only what was sent before its `ready` asks for PCM,
+  // and again after the connection is lost (the next server may have another default).
+  const vx2 = connect();
+  vx2.speak('Early.');
+  const first = FakeSocket.last;
+  first.open(readyWith('pcm_f32le'));
+  await vx2.ready;
+  vx2.speak('Later.');
+  assert.deepEqual(asked(first), ['pcm_s16le', undefined]);
+  first.close(1006);
+  vx2.speak('After the loss.');
+  const second = FakeSocket.last;
+  assert.notEqual(second, first);
+  second.open(readyWith('pcm_f32le'));
+  await vx2.ready;
+  assert.deepEqual(asked(second), ['pcm_s16le']);
 });
