@@ -178,9 +178,9 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
 def _connection_refusal(service: Service, ws: WebSocket, subprotocols: list[str]) -> tuple[str, int, str] | None:
     """Why a new connection may not speak: (reason, close code, message), or None."""
     if not auth.origin_is_allowed(service.config.auth, ws.headers.get("origin")):
-        return "origin", CLOSE_POLICY, "origin not allowed"
+        return "origin", CLOSE_POLICY, auth.ORIGIN_REFUSED
     if not _authorised(service, ws, subprotocols):
-        return "unauthorized", CLOSE_POLICY, "a valid API key is required"
+        return "unauthorized", CLOSE_POLICY, auth.KEY_REFUSED
     if service.draining:
         return "shutting_down", CLOSE_GOING_AWAY, "the server is shutting down"
     if not service.ready():

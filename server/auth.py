@@ -16,6 +16,12 @@ from server.config import AuthConfig
 SUBPROTOCOL = "voxwire.v1"
 TOKEN_SUBPROTOCOL_PREFIX = "voxwire.token."
 
+# Close reasons (1008). A refused key is told how to send one: the socket was accepted
+# before the key was checked, so this reason is all that reaches the user, and it must
+# fit a WebSocket close frame (123 bytes).
+KEY_REFUSED = "a valid API key is required: send Authorization: Bearer KEY, ?token=KEY or subprotocol voxwire.token.KEY"
+ORIGIN_REFUSED = "origin not allowed"
+
 
 def presented_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> str | None:
     auth = headers.get("authorization", "")

@@ -5,8 +5,12 @@ the server for that stream, which is written as it came (it is the file); anythi
 is a WAV file of PCM (``--format`` picks which PCM).
 
 Mistakes a user can make on the command line (a wrong URL, an output path that cannot be
-written) are reported as one ``voxwire: ...`` line on standard error, never a traceback:
-exit status 2 for arguments refused before anything is sent, 1 for a failure on the way.
+written, no text) are reported as one ``voxwire: ...`` line on standard error, never a
+traceback: exit status 2 for arguments refused before anything is sent, 1 for a failure on
+the way (a text the server speaks no audio for writes no file).
+
+An API key (``--api-key``, or ``VOXWIRE_API_KEY``) goes in the ``Authorization`` header, not
+the URL, so that it stays out of access logs and shell history; it is never printed.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.exceptions import InvalidHandshake
 
-from voxwire_client.client import DEFAULT_URL, Closed, ServerError
+from voxwire_client.client import DEFAULT_URL, Closed, ServerError, bearer_header
 from voxwire_client.formats import COMPRESSED, PCM_FORMATS, as_file, format_for_path
 from voxwire_client.sync import synthesize
 from voxwire_client.wav import write_wav
@@ -28,6 +33,8 @@ from voxwire_client.wav import write_wav
 STREAM_PATH = urlsplit(DEFAULT_URL).path
 # http(s) URLs name the same server as ws(s) ones: a WebSocket starts as an HTTP request.
 _SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+API_KEY_ENV = "VOXWIRE_API_KEY"
+KEY_HINT = f"--api-key KEY or the {API_KEY_ENV} environment variable"
 
 
 class UsageError(ValueError):
@@ -48,6 +55,52 @@ def websocket_url(url: str) -> str:
     if scheme is None or not host:
         raise refused
     return urlunsplit(parts._replace(scheme=scheme))
+
+
+def shown(url: str) -> str:
+    """``url`` as it may be printed: a key given as ``?token=`` is masked."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if not any(k == "token" for k, _ in query):
+        return url
+    masked = urlencode([(k, "***" if k == "token" else v) for k, v in query], safe="*")
+    return urlunsplit(parts._replace(query=masked))
+
+
+def api_key(flag: str | None, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The key to send and where it came from: ``--api-key``, else ``VOXWIRE_API_KEY`` (an
+    empty variable is unset). Refuses one no header can carry, without showing it."""
+    key, source = (flag, "--api-key") if flag is not None else (environ.get(API_KEY_ENV) or None, API_KEY_ENV)
+    if key is None:
+        return None, None
+    try:
+        bearer_header(key)
+    except ValueError as e:
+        raise UsageError(f"{source}: {e}") from None
+    return key, source
+
+
+def read_text(text: str) -> str:
+    """The text to speak (``-``: standard input); none at all is a usage error, found before
+    connecting (the server would answer an empty utterance with no audio)."""
+    text = sys.stdin.read() if text == "-" else text
+    if not text.strip():
+        raise UsageError("no text to speak: give it as an argument, or '-' to read it from standard input")
+    return text
+
+
+def describe_closed(url: str, closed: Closed, key_source: str | None) -> str:
+    """One line for a connection the server closed; for a refusal (1008), how to pass a key."""
+    if not closed.refused:
+        code = closed.code if closed.code is not None else "no close code"
+        reason = f": {closed.reason}" if closed.reason else ""
+        return f"voxwire: {shown(url)}: the server closed the connection ({code}{reason})"
+    sent = key_source or ("?token= in the URL" if "token" in dict(parse_qsl(urlsplit(url).query)) else None)
+    said = f' The server says: "{closed.reason}".' if closed.reason else ""
+    advice = f"The key from {sent} was refused: check it, or pass another with {KEY_HINT}" if sent \
+        else f"Pass a key with {KEY_HINT}"
+    return (f"voxwire: {shown(url)}: the server closed the connection (1008, refused: a missing or wrong API key, "
+            f"or a policy such as the origin).{said} {advice}")
 
 
 def check_output(path: str) -> None:
@@ -88,7 +141,7 @@ def describe_status(url: str, status: int) -> str:
     if status == 404:
         why = f"no WebSocket endpoint at this path; the default is {STREAM_PATH}"
     elif status == 401:
-        why = "an API key is needed or was refused; pass one as ?token=KEY in the URL"
+        why = f"an API key is needed or was refused; pass one with {KEY_HINT}"
     elif status == 403:
         why = "the API key was refused or this origin is not allowed"
         if path != STREAM_PATH:
@@ -96,7 +149,7 @@ def describe_status(url: str, status: int) -> str:
             why += f", or there is no WebSocket endpoint at {path}; the default is {STREAM_PATH}"
     else:
         why = "instead of opening a WebSocket"
-    return f"voxwire: {url}: the server answered HTTP {status} ({why})"
+    return f"voxwire: {shown(url)}: the server answered HTTP {status} ({why})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,15 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("--chunk-ms", type=int, help="chunk duration, 150-250 ms")
     say.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0")
     say.add_argument("--timestamps", action="store_true", help="print when each word is spoken")
+    say.add_argument("--api-key", metavar="KEY", help="API key, for a server started with keys; sent as "
+                     f"Authorization: Bearer, never printed (default: ${API_KEY_ENV})")
     args = parser.parse_args(argv)
     try:
         url = websocket_url(args.url)
         check_output(args.output)  # now, not after the whole text has been synthesised
         fmt = output_format(args.output, args.format)
+        key, key_source = api_key(args.api_key, os.environ)
+        text = read_text(args.text)
     except UsageError as e:
         print(f"voxwire: {e}", file=sys.stderr)
         return 2
-    text = sys.stdin.read() if args.text == "-" else args.text
     settings: dict[str, Any] = {
         k: v
         for k, v in {
@@ -133,19 +189,27 @@ def main(argv: list[str] | None = None) -> int:
         if v is not None
     }
     try:
-        result = synthesize(text, url, **settings)
+        result = synthesize(text, url, api_key=key, **settings)
     except ServerError as e:
         print(f"voxwire: server error {e.code}: {e.message}", file=sys.stderr)
         return 1
     except InvalidHandshake as e:
         status = http_status(e)
         if status is None:  # not an HTTP refusal: a server that does not speak WebSocket
-            print(f"voxwire: {url}: the WebSocket handshake failed: {e}", file=sys.stderr)
+            print(f"voxwire: {shown(url)}: the WebSocket handshake failed: {e}", file=sys.stderr)
         else:
             print(describe_status(url, status), file=sys.stderr)
         return 1
-    except (Closed, OSError) as e:
-        print(f"voxwire: cannot reach {url}: {e}", file=sys.stderr)
+    except Closed as e:  # the server answered, then closed: it was reached
+        print(describe_closed(url, e, key_source), file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"voxwire: cannot reach {shown(url)}: {e}", file=sys.stderr)
+        return 1
+    if not result.done.get("samples"):
+        # A file of no audio would pass for a result; nothing in the text was pronounceable.
+        print(f"voxwire: the server spoke no audio for this text (nothing in it to pronounce); "
+              f"{args.output} was not written", file=sys.stderr)
         return 1
     try:
         if result.format in COMPRESSED:

@@ -22,6 +22,21 @@ import websockets
 from voxwire_client.formats import to_float32
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/stream"
+CLOSE_POLICY = 1008
+"""The server refused the connection by policy: a missing or wrong API key, or the origin."""
+
+# websockets 14 renamed the client's extra headers (13's default client is its legacy one).
+_HEADERS_ARG = "additional_headers" if int(websockets.__version__.split(".")[0]) >= 14 else "extra_headers"
+
+
+def bearer_header(api_key: str) -> dict[str, str]:
+    """``Authorization: Bearer KEY``: a key in a header, not in the URL, stays out of
+    access logs and shell history. Refuses a key no header can carry, without naming it."""
+    if not api_key:
+        raise ValueError("the API key is empty")
+    if not all(" " < c <= "~" for c in api_key):
+        raise ValueError("an API key must be printable ASCII, without spaces (it is sent in an HTTP header)")
+    return {"Authorization": f"Bearer {api_key}"}
 
 
 class ServerError(Exception):
@@ -41,6 +56,11 @@ class Closed(ConnectionError):
         super().__init__(f"connection closed ({code}): {reason}")
         self.code = code
         self.reason = reason
+
+    @property
+    def refused(self) -> bool:
+        """Closed by policy (1008): an API key is missing or wrong, or the origin is not allowed."""
+        return self.code == CLOSE_POLICY
 
 
 @dataclass(frozen=True)
@@ -232,9 +252,15 @@ class Client:
     server computes only a few seconds ahead of a slow consumer, behind any proxy."""
 
     @classmethod
-    async def connect(cls, url: str = DEFAULT_URL, report_progress: bool = True, **kwargs: Any) -> Client:
+    async def connect(
+        cls, url: str = DEFAULT_URL, report_progress: bool = True, api_key: str | None = None, **kwargs: Any
+    ) -> Client:
         """``report_progress=False``: send no playback progress (the server then paces the
-        connection by its queue and TCP alone, as before flow control)."""
+        connection by its queue and TCP alone, as before flow control). ``api_key``: for a
+        server started with keys, sent as ``Authorization: Bearer``; a missing or wrong
+        one raises ``Closed`` with ``refused`` true (close code 1008)."""
+        if api_key is not None:
+            kwargs[_HEADERS_ARG] = {**dict(kwargs.get(_HEADERS_ARG) or {}), **bearer_header(api_key)}
         ws = await websockets.connect(url, max_size=None, **kwargs)
         try:
             hello = orjson.loads(await asyncio.wait_for(ws.recv(), 30))

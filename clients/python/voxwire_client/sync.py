@@ -39,8 +39,8 @@ class Result:
         return self.audio.shape[0] / self.sample_rate
 
 
-async def synthesize_async(text: str, url: str = DEFAULT_URL, **settings: Any) -> Result:
-    async with await Client.connect(url) as client:
+async def synthesize_async(text: str, url: str = DEFAULT_URL, api_key: str | None = None, **settings: Any) -> Result:
+    async with await Client.connect(url, api_key=api_key) as client:
         u = await client.speak(text, **settings)
         frames, done = await u.collect()
         assert u.started is not None and u.sent_at is not None
@@ -56,6 +56,7 @@ async def synthesize_async(text: str, url: str = DEFAULT_URL, **settings: Any) -
         )
 
 
-def synthesize(text: str, url: str = DEFAULT_URL, **settings: Any) -> Result:
-    """Speak ``text`` through a Voxwire server; settings: voice, format, sample_rate, ..."""
-    return asyncio.run(synthesize_async(text, url, **settings))
+def synthesize(text: str, url: str = DEFAULT_URL, api_key: str | None = None, **settings: Any) -> Result:
+    """Speak ``text`` through a Voxwire server; settings: voice, format, sample_rate, ...
+    ``api_key``: for a server started with keys (sent as ``Authorization: Bearer``)."""
+    return asyncio.run(synthesize_async(text, url, api_key=api_key, **settings))

@@ -3,6 +3,7 @@ file read back by an independent reader (libsndfile)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,7 +12,12 @@ import numpy as np
 import pytest
 import soundfile
 
+from engine.registry import EngineOptions
+from server.config import AuthConfig, ServerConfig
+from tests.conftest import run_server
 from tests.server.test_stream import SENTENCE, assert_speech
+from voxwire_client import synthesize
+from voxwire_client.client import Closed
 
 SUBTYPE = {"pcm_s16le": "PCM_16", "pcm_f32le": "FLOAT", "mulaw": "ULAW"}
 
@@ -105,3 +111,92 @@ def test_say_checks_the_output_path_before_connecting(tmp_path, where):
     assert run.returncode == 2
     line = one_line(run)
     assert str(out) in line and "cannot reach" not in line
+
+
+# -- no text, and text with nothing to speak ---------------------------------------------
+
+
+def test_say_refuses_empty_text_and_writes_no_file_for_text_with_nothing_to_speak(piper_server, tmp_path):
+    out = tmp_path / "x.wav"
+    # No text, as an argument or on standard input: refused before connecting (nothing
+    # listens on port 9, so a client that tried would say "cannot reach").
+    nowhere = "ws://127.0.0.1:9/v1/stream"
+    for text, stdin in (("", None), ("  \n", None), ("-", "")):
+        run = subprocess.run(
+            [sys.executable, "-m", "voxwire_client.cli", "say", text, "-o", str(out), "--url", nowhere],
+            capture_output=True, text=True, timeout=60, input=stdin,
+        )
+        assert run.returncode == 2, (text, run.stderr)
+        line = one_line(run)
+        assert "no text to speak" in line and "cannot reach" not in line
+    # Text the server speaks no audio for: a failure, and no empty WAV passing for a result.
+    run = say(piper_server, "...", "-o", str(out))
+    assert run.returncode == 1, run.stdout
+    assert "no audio" in one_line(run) and not out.exists()
+
+
+# -- API keys --------------------------------------------------------------------------
+
+KEY = "say-key-0123456789"
+WRONG = "not-the-key-9876543"
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    """Piper behind a server started with an API key."""
+    config = ServerConfig(engine=EngineOptions(name="piper"), cache_mb=0, auth=AuthConfig(api_keys=(KEY,)))
+    with run_server(config) as s:
+        yield s
+
+
+def say_keyed(server, env_key: str | None, *args: str, query: str = "") -> subprocess.CompletedProcess[str]:
+    """``voxwire say`` with ``VOXWIRE_API_KEY`` set to ``env_key`` (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "VOXWIRE_API_KEY"}
+    if env_key is not None:
+        env["VOXWIRE_API_KEY"] = env_key
+    return subprocess.run(
+        [sys.executable, "-m", "voxwire", "say", *args, "--url", server.ws + query],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def test_say_sends_an_api_key_from_the_flag_or_the_environment(keyed_server, tmp_path):
+    text = "Hello there, friend."
+    spoken = {
+        "flag": say_keyed(keyed_server, None, text, "-o", str(tmp_path / "flag.wav"), "--api-key", KEY),
+        "env": say_keyed(keyed_server, KEY, text, "-o", str(tmp_path / "env.wav")),
+        # The flag wins over the environment.
+        "flag over env": say_keyed(keyed_server, WRONG, text, "-o", str(tmp_path / "both.wav"), "--api-key", KEY),
+    }
+    refused = {
+        "wrong": say_keyed(keyed_server, None, text, "-o", str(tmp_path / "wrong.wav"), "--api-key", WRONG),
+        "wrong env": say_keyed(keyed_server, WRONG, text, "-o", str(tmp_path / "wrong-env.wav")),
+        "none": say_keyed(keyed_server, None, text, "-o", str(tmp_path / "none.wav")),
+        # The old way, still taken, but the URL it is in is printed with the key masked.
+        "wrong token": say_keyed(keyed_server, None, text, "-o", str(tmp_path / "token.wav"), query=f"?token={WRONG}"),
+    }
+    for how, run in spoken.items():
+        assert run.returncode == 0, (how, run.stderr)
+    for name in ("flag.wav", "env.wav", "both.wav"):
+        audio, rate = soundfile.read(str(tmp_path / name), dtype="float32")
+        assert_speech(np.asarray(audio), rate, words=3)
+    for how, run in refused.items():
+        assert run.returncode == 1, (how, run.stdout)
+        line = one_line(run)
+        # Reached, and refused by policy: not "cannot reach"; the server's reason says how
+        # to send a key, and the line how to give voxwire one.
+        assert "the server closed the connection" in line and "1008" in line and "refused" in line, line
+        assert "cannot reach" not in line and "Authorization: Bearer KEY" in line, line
+        assert "--api-key KEY" in line and "VOXWIRE_API_KEY" in line, line
+    assert all("was refused" in one_line(refused[how]) for how in ("wrong", "wrong env", "wrong token"))
+    assert "was refused" not in one_line(refused["none"])
+    assert "?token=***" in one_line(refused["wrong token"])
+    assert not any((tmp_path / f).exists() for f in ("wrong.wav", "wrong-env.wav", "none.wav", "token.wav"))
+    for run in (*spoken.values(), *refused.values()):
+        assert KEY not in run.stderr + run.stdout and WRONG not in run.stderr + run.stdout
+    # The library: synthesize(api_key=...) and Client.connect(api_key=...) beneath it.
+    result = synthesize(text, keyed_server.ws, api_key=KEY)
+    assert_speech(result.audio, result.sample_rate, words=3)
+    with pytest.raises(Closed) as e:
+        synthesize(text, keyed_server.ws, api_key=WRONG)
+    assert e.value.refused and "Authorization: Bearer KEY" in e.value.reason
