@@ -24,30 +24,30 @@ class EngineOptions:
     )
     piper_voices: tuple[Path, ...] = field(
         default=(),
-        metadata={"help": "a Piper voice file (MODEL.onnx, with MODEL.onnx.json beside it); default: joe",
-                  "flag": "piper-voice"},
+        metadata={"help": "a Piper voice file (MODEL.onnx, with MODEL.onnx.json beside it)",
+                  "flag": "piper-voice", "default_text": "joe"},
     )
     model_dir: Path = field(
         default=Path("pretrained_models/CosyVoice2-0.5B"), metadata={"help": "CosyVoice2 model directory"}
     )
     threads: int | None = field(
         default=None,
-        metadata={"help": "CPU threads for the engine's math in each server process; default: the physical cores "
-                  "(at most 4), divided among --workers", "range": (1, 256)},
+        metadata={"help": "CPU threads for the engine's math in each server process", "range": (1, 256),
+                  "default_text": "the physical cores (at most 4), divided among --workers"},
     )
     voices_dir: Path | None = field(
-        default=None, metadata={"help": "where registered (cloned) voices are stored; default: none kept"}
+        default=None, metadata={"help": "where registered (cloned) voices are stored", "default_text": "none kept"}
     )
     max_batch: int | None = field(
         default=None,
-        metadata={"help": "most utterances one engine step advances together; 1 turns batching off "
-                  "(default: the engine's own, 8 for Piper on a CPU)", "range": (1, 1024)},
+        metadata={"help": "most utterances one engine step advances together; 1 turns batching off",
+                  "range": (1, 1024), "default_text": "the engine's own, 8 for Piper on a CPU"},
     )
     memory_budget_mb: float | None = field(
         default=None,
         metadata={"help": "engine memory (MiB) the utterances in progress may hold together (their caches); "
-                  "newcomers wait while it is spent (default: the engine's own; none for Piper)",
-                  "range": (1, None)},
+                  "newcomers wait while it is spent", "range": (1, None),
+                  "default_text": "the engine's own, none for Piper"},
     )
     cosyvoice2_fast_start: bool = field(
         default=False,

@@ -30,6 +30,7 @@ def serve(args: argparse.Namespace) -> int:
     from server.app import create_app
     from server.logs import configure_logging
     from server.run import serve as run
+    from server.sockets import held_socket
 
     try:
         config = config_loader.load(args)
@@ -45,20 +46,28 @@ def serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"voxwire: {problem}", file=sys.stderr)
         return 2
+    # The port before the engine: a port in use is one line now, not a traceback after
+    # seconds of loading. One socket for the whole server, however many workers.
+    try:
+        sock = held_socket(config.host, config.port)
+    except OSError as e:
+        print(f"voxwire: cannot listen on {config.host}:{config.port}: {e.strerror}", file=sys.stderr)
+        return 2
     if config.workers > 1:
         from server.processes import serve_workers
 
-        return serve_workers(config)
+        return serve_workers(config, sock)
     from server.service import StartupError
 
     try:
         app = create_app(config)
-        # Load before listening, so a default that the engine lacks ends here, in one line.
+        # Load before serving, so a default that the engine lacks ends here, in one line.
         app.state.service.load()
     except (EngineError, StartupError) as e:
+        sock.close()
         print(f"voxwire: {getattr(e, 'message', e)}", file=sys.stderr)
         return 2
-    run(app, config.host, config.port, config.log_level)
+    run(app, config.host, config.port, config.log_level, sockets=[sock])
     return 0
 
 

@@ -10,13 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.registry import EngineOptions
-from server.audio import MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
+from server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
 from server.limits import Limits
 
 
 def setting(default: Any, help: str, **metadata: Any) -> Any:
     """A field that is a setting. ``range=(low, high)`` bounds a number (high None: no
-    upper bound); server/config_loader.py refuses to start with a value outside it."""
+    upper bound); server/config_loader.py refuses to start with a value outside it.
+    ``default_text`` says in words what a default of None means (``--help`` shows it in
+    place of the value)."""
     return field(default=default, metadata={"help": help, **metadata})
 
 
@@ -51,19 +53,22 @@ class ServerConfig:
     )
     log_text: bool = setting(False, "include utterance text in the logs (redacted by default)")
     log_digest_key: str | None = setting(
-        None, "key for the redacted text's digest in the logs, to compare digests across processes and restarts "
-        "(default: a random key per process)",
+        None, "key for the redacted text's digest in the logs, to compare digests across processes and restarts",
+        default_text="a random key per process",
     )
     engine: EngineOptions = field(default_factory=EngineOptions)
     limits: Limits = field(default_factory=Limits)
     auth: AuthConfig = field(default_factory=AuthConfig)
-    default_voice: str | None = setting(None, "default voice (default: the engine's first)", flag="voice")
+    default_voice: str | None = setting(None, "default voice", flag="voice", default_text="the engine's first")
+    # Any format the socket serves (docs/protocol.md); the loader checks that it can carry
+    # the default rate, as a session would.
     default_format: str = setting(
-        "pcm_s16le", "default output format", flag="format", choices=("pcm_s16le", "pcm_f32le", "mulaw")
+        "pcm_s16le", "default output format of the socket: PCM, mu-law, or compressed (opus is always 48000 Hz; "
+        "mp3 and aac take only their standard rates)", flag="format", choices=FORMATS,
     )
     default_sample_rate: int | None = setting(
-        None, f"default output rate, {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz (default: the engine's own)",
-        flag="sample-rate", range=(MIN_SAMPLE_RATE, MAX_SAMPLE_RATE),
+        None, f"default output rate, {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz", flag="sample-rate",
+        range=(MIN_SAMPLE_RATE, MAX_SAMPLE_RATE), default_text="the engine's own",
     )
     default_chunk_ms: int = setting(
         200, f"default chunk duration, {MIN_CHUNK_MS}-{MAX_CHUNK_MS} ms", flag="chunk-ms", range=(MIN_CHUNK_MS, MAX_CHUNK_MS)
@@ -82,7 +87,7 @@ class ServerConfig:
     # Wyoming (Home Assistant's protocol) has no authentication: see server/wyoming.py.
     wyoming_port: int | None = setting(
         None, "also serve the Wyoming protocol (Home Assistant) on this TCP port, 10200 by convention; "
-        "0: any free port", range=(0, 65535),
+        "0: any free port (one process only: not with --workers)", range=(0, 65535),
     )
     wyoming_allow_unauthenticated: bool = setting(
         False, "with API keys set, let the Wyoming port listen on --host anyway (Wyoming has no authentication; "

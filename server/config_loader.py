@@ -7,6 +7,9 @@ field's name, in the table of its section (``[limits] max_text_chars``); its fla
 that name with dashes (``--max-text-chars``) unless the field names another, and its
 environment variable follows the flag (``VOXWIRE_MAX_TEXT_CHARS``). List settings take
 a comma-separated value in the environment and repeat on the command line.
+
+A value that cannot be used is refused with one line that quotes it as it was given
+(``VOXWIRE_CHUNK_MS=abc: default_chunk_ms must be an integer``), before anything starts.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
+import math
 import os
 import tomllib
 import types
@@ -21,8 +26,9 @@ import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from server.audio import FormatError, stream_rate
 from server.config import ServerConfig
 
 ENV_PREFIX = "VOXWIRE_"
@@ -44,6 +50,8 @@ class Setting:
     choices: tuple[str, ...] | None
     env: str
     bounds: tuple[float, float | None] | None = None
+    default_text: str | None = None
+    """What the default means, in words, where its value (None, empty) says nothing."""
 
     @property
     def key(self) -> str:
@@ -58,6 +66,12 @@ class Setting:
     @property
     def is_list(self) -> bool:
         return typing.get_origin(self.type) is tuple
+
+    @property
+    def optional(self) -> bool:
+        """None is a value of it (X | None): "the engine's own", "off"."""
+        union = typing.get_origin(self.type) in (typing.Union, types.UnionType)
+        return union and type(None) in typing.get_args(self.type)
 
     @property
     def scalar(self) -> Any:
@@ -88,38 +102,91 @@ def _walk(cls: type, section: str | None) -> Iterator[Setting]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         yield Setting(
             section, f.name, flag, hints[f.name], default, f.metadata["help"], f.metadata.get("choices"), env,
-            f.metadata.get("range"),
+            f.metadata.get("range"), f.metadata.get("default_text"),
         )
 
 
-def _convert(s: Setting, value: Any, source: str) -> Any:
+@dataclass(frozen=True)
+class Given:
+    """A setting's value as it was written, and where: what a refusal quotes, so the
+    operator finds the line to fix whichever of the three places it came from."""
+
+    setting: Setting
+    source: Literal["flag", "env", "file"]
+    raw: Any
+    path: Path | None = None
+
+    def __str__(self) -> str:
+        s = self.setting
+        if self.source == "flag":
+            if isinstance(self.raw, bool):
+                return f"--{s.flag}" if self.raw else f"--no-{s.flag}"
+            return " ".join(f"--{s.flag} {v}" for v in (self.raw if s.is_list else [self.raw]))
+        if self.source == "env":
+            return f"{s.env}={self.raw}"
+        return f"{self.path}: {s.toml_key} = {json.dumps(self.raw, default=str)}"
+
+    def refuse(self, must: str) -> SettingsError:
+        # A file's line names the setting itself; a flag or a variable is followed by the
+        # setting it sets, under the one name it has everywhere (its settings-file key).
+        subject = " " if self.source == "file" else f": {self.setting.toml_key} "
+        return SettingsError(f"{self}{subject}must be {must}")
+
+
+_KINDS: dict[Any, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string", Path: "a path"}
+
+
+def _convert(given: Given) -> Any:
+    s, value = given.setting, given.raw
     if s.is_list:
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
-            raise SettingsError(f"{source}: {s.key} must be a list")
-        return tuple(_scalar(s, v, source) for v in items if not (isinstance(v, str) and not v.strip()))
-    return _scalar(s, value, source)
+            raise given.refuse(f"a list ({_KINDS[s.scalar]} each)")
+        return tuple(_scalar(given, v) for v in items if not (isinstance(v, str) and not v.strip()))
+    return _scalar(given, value)
 
 
-def _scalar(s: Setting, value: Any, source: str) -> Any:
-    t = s.scalar
-    try:
-        if value is None or (isinstance(value, str) and value == "" and s.type != str):
-            return None
-        if t is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("1", "true", "yes", "on"):
-                return True
-            if str(value).lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        out = t(value) if t in (int, float, Path) else str(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{source}: {s.key} must be {getattr(t, '__name__', t)}, got {value!r}") from None
+def _scalar(given: Given, value: Any) -> Any:
+    s, t = given.setting, given.setting.scalar
+    if value is None or (value == "" and (s.optional or t is not str)):
+        if s.optional:
+            return None  # VOXWIRE_SAMPLE_RATE= (empty): the default's meaning, the engine's own
+        raise given.refuse(_KINDS[t])
+    out = _parse(t, value)
+    if out is None:
+        raise given.refuse(f"a list ({_KINDS[t]} each)" if s.is_list else _KINDS[t])
     if s.choices and out not in s.choices:
-        raise SettingsError(f"{source}: {s.key} must be one of {', '.join(s.choices)}, got {out!r}")
+        raise given.refuse(f"one of {', '.join(s.choices)}")
+    if s.bounds is not None:
+        low, high = s.bounds
+        if out < low or (high is not None and out > high):
+            raise given.refuse(f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}")
     return out
+
+
+def _parse(t: Any, value: Any) -> Any:
+    """``value`` as a ``t``, or None when it is not one. Strings come from flags and the
+    environment; a settings file also gives TOML's own types, taken only where they
+    mean the same (``workers = 2.5`` or ``port = true`` is no integer)."""
+    if isinstance(value, str):
+        if t is bool:
+            return {"1": True, "true": True, "yes": True, "on": True,
+                    "0": False, "false": False, "no": False, "off": False}.get(value.lower())
+        if t in (int, float):
+            try:
+                number = t(value)
+            except ValueError:
+                return None
+            return number if math.isfinite(number) else None  # "nan" passes every range check
+        return Path(value) if t is Path else value
+    if t is bool:
+        return value if isinstance(value, bool) else None
+    if t is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if t is float:
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if number else None
+    return None  # a str or a Path from a number, a list or a table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,11 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     groups: dict[str | None, argparse._ArgumentGroup] = {}
     for s in settings():
         group = groups.setdefault(s.section, parser.add_argument_group(s.section or "server"))
-        shown = ",".join(map(str, s.default)) if s.is_list else s.default
-        help = (
-            f"{s.help} (default: {shown if shown not in ('', None) else 'none'}; env {s.env}; "
-            f"file: {s.toml_key})"
-        )
+        help = f"{s.help} (default: {_shown_default(s)}; env {s.env}; file: {s.toml_key})"
         if s.scalar is bool and not s.is_list:
             group.add_argument(f"--{s.flag}", dest=s.key, action=argparse.BooleanOptionalAction, default=None, help=help)
         elif s.is_list:
@@ -141,40 +204,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(f"--{s.flag}", dest=s.key, default=None, choices=s.choices, help=help)
 
 
+def _shown_default(s: Setting) -> str:
+    if s.default_text is not None:
+        return s.default_text
+    shown = ",".join(map(str, s.default)) if s.is_list else s.default
+    return "none" if shown in ("", None) else str(shown)
+
+
 def load(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """The settings, each value checked where it was given (its type, choices and range),
+    then those that must agree with each other. Raises ``SettingsError``."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     path = getattr(args, "config", None) or (Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None)
     table = _read_toml(path) if path else {}
     known = settings()
     _check_toml_keys(table, known, path)
+    origins: dict[str, Given] = {}
     for s in known:
         raw = (table.get(s.section, {}) if s.section else table).get(s.field, dataclasses.MISSING)
-        if raw is not dataclasses.MISSING:
-            values[s.key] = _convert(s, raw, str(path))
-        if s.env in env:
-            values[s.key] = _convert(s, env[s.env], s.env)
-        given = getattr(args, s.key, None) if args is not None else None
-        if given is not None:
-            values[s.key] = _convert(s, given, f"--{s.flag}")
+        flag = getattr(args, s.key, None) if args is not None else None
+        for given in (
+            Given(s, "file", raw, path) if raw is not dataclasses.MISSING else None,
+            Given(s, "env", env[s.env]) if s.env in env else None,
+            Given(s, "flag", flag) if flag is not None else None,
+        ):
+            if given is not None:  # lowest precedence first: each one given overrides
+                values[s.key] = _convert(given)
+                origins[s.key] = given
     config = build(values, known)
-    check_ranges(config, known)
+    check_together(config, origins)
     return config
 
 
-def check_ranges(config: ServerConfig, known: Sequence[Setting] | None = None) -> None:
-    """Refuse a value outside its documented range before anything starts: a server that
-    came up with 9600-sample frames or a 30 ms step timeout fails every request instead."""
-    for s in known or settings():
-        if s.bounds is None:
-            continue
-        value = getattr(getattr(config, s.section) if s.section else config, s.field)
-        low, high = s.bounds
-        if value is None:
-            continue
-        if value < low or (high is not None and value > high):
-            allowed = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
-            raise SettingsError(f"--{s.flag} ({s.toml_key}) must be {allowed}, got {value:g}")
+def check_together(config: ServerConfig, origins: Mapping[str, Given]) -> None:
+    """Refuse settings that are each fine but cannot go together, before anything starts
+    (no engine loaded, no port bound): otherwise every session, or every worker, would
+    fail on its own later. ``origins`` names where each value was given."""
+
+    def named(key: str, value: Any) -> str:
+        return str(origins[key]) if key in origins else f"the default {key} {value}"
+
+    if config.default_sample_rate is not None:
+        try:
+            # What a session does with a format and rate it is asked for (server/pipeline.py).
+            stream_rate(config.default_format, config.default_sample_rate)
+        except FormatError as e:
+            raise SettingsError(
+                f"{named('format', config.default_format)} with {named('sample_rate', config.default_sample_rate)}: "
+                f"{e.message}"
+            ) from None
+    if config.workers > 1 and config.wyoming_port == 0:
+        raise SettingsError(
+            f"{named('workers', config.workers)} with {named('wyoming_port', 0)}: each worker would listen for "
+            "Wyoming on a different free port; 0 (any free port) is for a single process, so name the port"
+        )
 
 
 def build(values: Mapping[str, Any], known: Sequence[Setting] | None = None) -> ServerConfig:

@@ -1,8 +1,11 @@
 """``--workers N``: N server processes on one port, each with its own engine.
 
-Each process binds the port with SO_REUSEPORT, so the kernel spreads new connections
-across them; a WebSocket then stays with the process that accepted it. The parent only
-supervises: it restarts a worker that dies, and on SIGTERM passes the signal on, so each
+The parent binds the port once (server/cli.py) and hands that one listening socket to
+every worker: each accepts from it, and a WebSocket stays with the process that accepted
+it. Not SO_REUSEPORT, with which each worker would bind the port for itself: any other
+process of the same user could then bind it too, and two unrelated servers would split
+one port's connections between them. The parent only supervises: it restarts a worker
+that dies (handing it the same socket), and on SIGTERM passes the signal on, so each
 worker drains its own utterances (server/run.py) before the parent exits.
 
 What the workers share lives in a run directory the parent makes: the admission counts
@@ -19,6 +22,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -33,12 +37,12 @@ log = logging.getLogger(__name__)
 EXIT_CANNOT_START = 2  # a worker's settings cannot work: restarting it would loop forever
 
 
-def _worker(config: ServerConfig, index: int, environment: dict[str, str]) -> None:
+def _worker(config: ServerConfig, index: int, environment: dict[str, str], sock: socket.socket) -> None:
     # Before anything imports prometheus_client, which reads its mode at import.
     os.environ.update(environment)
     from server.app import create_app
     from server.logs import configure_logging
-    from server.run import listening_socket, serve
+    from server.run import serve
 
     from server.service import StartupError
 
@@ -50,10 +54,11 @@ def _worker(config: ServerConfig, index: int, environment: dict[str, str]) -> No
     except StartupError as e:
         logging.getLogger(__name__).error("worker %d cannot start: %s", index, e)
         raise SystemExit(EXIT_CANNOT_START) from None
-    serve(app, config.host, config.port, config.log_level, sockets=[listening_socket(config.host, config.port, reuse_port=True)])
+    serve(app, config.host, config.port, config.log_level, sockets=[sock])
 
 
-def serve_workers(config: ServerConfig, poll_seconds: float = 0.5) -> int:
+def serve_workers(config: ServerConfig, sock: socket.socket, poll_seconds: float = 0.5) -> int:
+    """Run ``config.workers`` processes serving ``sock`` (listening already) until SIGTERM."""
     # spawn, not fork: each worker starts clean and loads its own engine and threads.
     ctx = multiprocessing.get_context("spawn")
     stopping = False
@@ -76,7 +81,10 @@ def serve_workers(config: ServerConfig, poll_seconds: float = 0.5) -> int:
             SHARED_ADMISSION_ENV: str(admission_file),
             "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
         }
-        p = ctx.Process(target=_worker, args=(config, i, environment), name=f"voxwire-worker-{i}", daemon=False)
+        # multiprocessing passes the socket's descriptor to the spawned process.
+        p = ctx.Process(
+            target=_worker, args=(config, i, environment, sock), name=f"voxwire-worker-{i}", daemon=False
+        )
         p.start()
         return p
 
@@ -127,4 +135,5 @@ def serve_workers(config: ServerConfig, poll_seconds: float = 0.5) -> int:
                     procs[i] = start(i)
             time.sleep(poll_seconds)
     finally:
+        sock.close()
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,9 +1,17 @@
 """``voxwire serve`` says clearly what is missing, and downloads nothing."""
 
+import contextlib
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 
 import pytest
+
+from server import config_loader
+from tests.conftest import free_port
 
 
 def test_cosyvoice2_without_a_model_names_every_missing_file(tmp_path):
@@ -27,9 +35,31 @@ def test_help_documents_the_options():
 
 
 def serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--port", "1", *args], capture_output=True, text=True, timeout=timeout
-    )
+    """``voxwire serve``, expected to refuse: a free port, in case it does not."""
+    return serve_on(free_port(), *args, timeout=timeout)
+
+
+def serve_on(port: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``voxwire serve`` on ``port`` until it exits. In a process group of its own: should
+    it start after all, its --workers processes end with it rather than outlive the test."""
+    argv = [sys.executable, "-m", "server", "serve", "--port", str(port), *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def one_line(run: subprocess.CompletedProcess) -> str:
+    """What a refused start-up said: exit 2 and a single line. At --log-level info, loading
+    the engine or binding the Wyoming port would have logged lines of their own."""
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    return lines[0]
 
 
 def test_a_missing_piper_voice_is_one_line_and_exit_2(tmp_path):
@@ -42,11 +72,11 @@ def test_a_missing_piper_voice_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.parametrize(
     "args,says",
     [
-        (["--chunk-ms", "100"], "--chunk-ms (default_chunk_ms) must be from 150 to 250, got 100"),
-        (["--chunk-ms", "0"], "--chunk-ms (default_chunk_ms) must be from 150 to 250, got 0"),
-        (["--sample-rate", "96000"], "--sample-rate (default_sample_rate) must be from 8000 to 48000, got 96000"),
-        (["--step-timeout", "0.03"], "--step-timeout (step_timeout) must be at least 1, got 0.03"),
-        (["--max-utterances-total", "0"], "--max-utterances-total ([limits] max_utterances_total) must be at least 1"),
+        (["--chunk-ms", "100"], "--chunk-ms 100: default_chunk_ms must be from 150 to 250"),
+        (["--chunk-ms", "0"], "--chunk-ms 0: default_chunk_ms must be from 150 to 250"),
+        (["--sample-rate", "96000"], "--sample-rate 96000: default_sample_rate must be from 8000 to 48000"),
+        (["--step-timeout", "0.03"], "--step-timeout 0.03: step_timeout must be at least 1"),
+        (["--max-utterances-total", "0"], "--max-utterances-total 0: [limits] max_utterances_total must be at least 1"),
     ],
 )
 def test_settings_out_of_their_range_refuse_to_start(args, says):
@@ -64,3 +94,64 @@ def test_help_names_each_settings_file_key():
     run = subprocess.run([sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True, timeout=60)
     text = " ".join(run.stdout.split())  # argparse wraps lines
     assert "file: default_chunk_ms" in text and "file: [limits] max_text_chars" in text
+
+
+def held_port() -> socket.socket:
+    """A port some other program listens on."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_a_default_format_its_default_rate_cannot_carry_refuses_to_start():
+    # The Wyoming port is taken too: had it been bound first, that would be the complaint.
+    with held_port() as wyoming:
+        run = serve("--format", "mp3", "--sample-rate", "12345", "--wyoming-port", str(wyoming.getsockname()[1]),
+                    "--log-level", "info")
+    assert one_line(run) == (
+        "voxwire: --format mp3 with --sample-rate 12345: mp3 cannot be encoded at 12345 Hz; "
+        "it takes 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000"
+    )
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]])
+def test_a_port_in_use_refuses_to_start_in_one_line_before_the_engine_loads(workers):
+    with held_port() as busy:
+        port = busy.getsockname()[1]
+        run = serve_on(port, "--log-level", "info", *workers)
+    assert one_line(run) == f"voxwire: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_workers_with_any_free_wyoming_port_refuse_to_start():
+    run = serve("--workers", "2", "--wyoming-port", "0", "--log-level", "info")
+    assert one_line(run) == (
+        "voxwire: --workers 2 with --wyoming-port 0: each worker would listen for Wyoming on a different free "
+        "port; 0 (any free port) is for a single process, so name the port"
+    )
+
+
+def help_entries() -> dict[str, str]:
+    """``voxwire serve --help`` as {flag: its whole help, unwrapped}."""
+    run = subprocess.run([sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    entries: dict[str, str] = {}
+    flag = None
+    for line in run.stdout.split("options:", 1)[1].splitlines():
+        if m := re.match(r"  (--?[\w-]+)", line):  # an option's first line; its help may follow on it
+            flag = m.group(1)
+            entries[flag] = line
+        elif line.startswith(" ") and flag is not None:
+            entries[flag] += " " + line.strip()
+        else:
+            flag = None  # a group's title or a blank line
+    return {f: " ".join(text.split()) for f, text in entries.items()}
+
+
+def test_help_shows_one_default_for_each_setting():
+    entries = help_entries()
+    for s in config_loader.settings():
+        text = entries[f"--{s.flag}"]
+        assert len(re.findall(r"\bdefault:", text)) == 1, text
+    assert "(default: the engine's first; env VOXWIRE_VOICE; file: default_voice)" in entries["--voice"]
+    assert "(default: the engine's own; env VOXWIRE_SAMPLE_RATE;" in entries["--sample-rate"]
+    assert "(default: 200; env VOXWIRE_CHUNK_MS;" in entries["--chunk-ms"]

@@ -189,3 +189,27 @@ def test_a_written_file_is_what_players_read(sdk, tmp_path):
         with av.open(str(path)) as c:
             assert c.streams.audio[0].duration is None or c.streams.audio[0].duration >= 0
             assert sum(f.samples for f in c.decode(audio=0)) > 24000
+
+
+async def test_a_server_can_make_a_compressed_format_its_default():
+    """``voxwire serve --format opus``: an utterance that names no format is Opus, the
+    speech of the same text in PCM, and of its length."""
+    from benchmarks.process import free_port, spawn_voxwire, stop
+
+    port = free_port()
+    proc = await asyncio.to_thread(spawn_voxwire, port, "--format", "opus")
+    try:
+        async with await Client.connect(f"ws://127.0.0.1:{port}/v1/stream") as client:
+            u = await client.speak(SENTENCE)
+            frames, done = await u.collect()
+            # The same engine audio, from the server's result cache, as PCM at Opus's rate.
+            reference = await client.speak(SENTENCE, format="pcm_s16le", sample_rate=48000)
+            pcm_frames, pcm_done = await reference.collect()
+    finally:
+        await asyncio.to_thread(stop, proc)
+    started = u.started.data
+    assert (started["format"], started["codec"], started["sample_rate"]) == ("opus", "opus", 48000)
+    assert pcm_done["cached"] is True and done["samples"] == pcm_done["samples"]
+    pcm = s16(b"".join(f.data for f in pcm_frames))
+    decoded = assert_matches_pcm(b"".join(f.data for f in frames), pcm, "opus", 48000)  # the length, within a frame
+    assert_speech(decoded, 48000, words=9)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -148,3 +149,28 @@ async def test_metrics_and_limits_are_server_wide_across_workers():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_second_server_refuses_the_port_that_workers_serve():
+    """Only the workers of one server share its port: another server, with workers of its
+    own, is refused it (it would otherwise take a share of the first one's connections)."""
+    port = free_port()
+    args = ["--port", str(port), "--workers", "2", "--piper-backend", "onnx", "--log-level", "warning"]
+    # Own process groups: whatever happens, no worker of either outlives the test.
+    first = subprocess.Popen([sys.executable, "-m", "server", "serve", *args], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    second = None
+    try:
+        workers = wait_for(lambda: _two(pids(port)))
+        second = subprocess.Popen([sys.executable, "-m", "server", "serve", *args], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        _, stderr = second.communicate(timeout=120)
+        assert second.returncode == 2
+        assert stderr.splitlines() == [f"voxwire: cannot listen on 127.0.0.1:{port}: Address already in use"]
+        assert pids(port, 12) <= workers  # every connection still reaches the first server
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

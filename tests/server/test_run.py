@@ -4,13 +4,16 @@ an HTTP client that stops reading (its body has no other flow control)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 
 import orjson
+import pytest
 
 from server.config import ServerConfig
 from server.limits import Limits
 from server.run import SEND_BUFFER_BYTES, listening_socket
+from server.sockets import held_socket
 from tests.conftest import run_server
 
 PCM_BYTES_PER_SECOND = 24000 * 2
@@ -26,6 +29,16 @@ def test_connections_inherit_the_capped_send_buffer():
             # Linux doubles what is asked, for its bookkeeping; autotuning would go to megabytes.
             assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) <= 2 * SEND_BUFFER_BYTES
     listener.close()
+
+
+@pytest.mark.parametrize("reuse_port", [False, True])
+def test_a_held_port_is_refused_to_every_other_socket(reuse_port):
+    """The port a server holds, for itself and the workers it hands it to: not another
+    server's, even one that asks to share it (SO_REUSEPORT) as --workers once did."""
+    held = held_socket("127.0.0.1", 0)
+    with held, pytest.raises(OSError) as e:
+        listening_socket("127.0.0.1", held.getsockname()[1], reuse_port=reuse_port)
+    assert e.value.errno == errno.EADDRINUSE
 
 
 async def test_a_paused_http_reader_has_a_bounded_amount_of_audio_computed_ahead():
