@@ -32,8 +32,9 @@ class EngineOptions:
     )
     threads: int | None = field(
         default=None,
-        metadata={"help": "CPU threads for the engine's math in each server process", "range": (1, 256),
-                  "default_text": "the physical cores (at most 4), divided among --workers"},
+        metadata={"help": "CPU threads for the engine's math in each server process, pinned", "range": (1, 256),
+                  "default_text": "the physical cores (at most 4), one fewer for each core other processes keep "
+                  "busy; with --workers, each worker's share of them, pinned"},
     )
     voices_dir: Path | None = field(
         default=None, metadata={"help": "where registered (cloned) voices are stored", "default_text": "none kept"}

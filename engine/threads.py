@@ -13,21 +13,32 @@ Why physical cores, and a cap: SMT siblings share one core's FMA units, so they 
 contention, not throughput, to the small conv-bound kernels of these models (32-768
 channels, chunks of ~100 frames), and past ~4 threads synchronisation eats the gain; a cap
 also leaves cores to the rest of the service (asyncio, the phonemizer, other engines).
-Why ``threads=1`` on a CPU shared with other busy processes: OpenMP threads meet at a
+Why fewer threads on a CPU shared with other busy processes: OpenMP threads meet at a
 barrier after every op, so when the OS deschedules one, all wait (measured here: 2
 threads at load 10 on 2 cores took a short Piper utterance from 0.09 s to 5 s; one thread
-stayed at 0.09 s).
+stayed at 0.09 s). Waiting passively at the barrier (OMP_WAIT_POLICY=PASSIVE) avoids the
+worst of it but makes every step on a quiet machine ~40% slower. So the default count is
+not fixed: ``adapt_cpu_threads``, called before each engine step, gives the pool only the
+cores that other processes left idle (``AdaptiveThreads``), measured from the kernel's
+CPU accounting over the last tenth of a second (``CpuShare``). An exact ``threads`` pins
+the count.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnxruntime
 
 DEFAULT_MAX_THREADS = 4
+
+log = logging.getLogger(__name__)
 
 
 def physical_cores() -> int:
@@ -49,14 +60,158 @@ def physical_cores() -> int:
 
 def configure_cpu_threads(threads: int | None = None, *, max_threads: int = DEFAULT_MAX_THREADS) -> int:
     """Set torch's intra-op threads (process-wide) and return the count: ``threads`` when
-    given, else the physical cores this process may use, at most ``max_threads``."""
+    given (pinned), else the physical cores this process may use, at most ``max_threads``,
+    which ``adapt_cpu_threads`` then lowers while other processes keep those cores busy."""
     import torch
 
+    global _adaptive
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     n = threads if threads is not None else max(1, min(physical_cores(), max_threads))
     torch.set_num_threads(n)
+    _adaptive = None
+    if threads is None and n > 1:
+        share = _cpu_share()
+        _adaptive = AdaptiveThreads(n, _set_torch_threads, lambda: share.others,
+                                    cores=max(n, len(share.clock.cpus)))
     return n
+
+
+def adapt_cpu_threads() -> int:
+    """Before an engine step: torch's intra-op threads for it, fewer than configured while
+    other processes keep the cores busy (``AdaptiveThreads``); the configured count when
+    it was pinned. Cheap: the CPU accounting is read on a thread of its own (``CpuShare``)."""
+    import torch
+
+    return _adaptive.threads_now() if _adaptive is not None else torch.get_num_threads()
+
+
+def _set_torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def _usable_cpus() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+class CpuClock:
+    """Where the CPU time went: on the CPUs this process may run on, the time every
+    process used (the kernel's per-CPU lines in /proc/stat, steal included: a
+    hypervisor's other guests take cores too), and this process's own."""
+
+    def __init__(self) -> None:
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self.cpus = _usable_cpus()
+        self._names = {f"cpu{i}".encode() for i in self.cpus}
+
+    def busy_seconds(self) -> float | None:
+        """CPU seconds all processes have run on our CPUs since boot; None where
+        /proc/stat is absent or names none of them (some containers)."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        total, seen = 0, 0
+        for line in lines[1:]:
+            if not line.startswith(b"cpu"):
+                break  # the per-CPU lines come first
+            name, *fields = line.split()
+            if name in self._names:
+                # user nice system idle iowait irq softirq steal: all but idle and iowait.
+                ticks = [int(v) for v in fields[:8]]
+                total += sum(ticks) - ticks[3] - ticks[4]
+                seen += 1
+        return total / self._ticks if seen else None
+
+    @staticmethod
+    def own_seconds() -> float:
+        t = os.times()
+        return t.user + t.system
+
+
+WINDOW_S = 0.1
+"""The CPU accounting's window: ten of the kernel's 10 ms ticks on each core, and short,
+so that a neighbour that has just finished (an ASR pass before the reply is spoken) no
+longer counts when the first step comes."""
+
+
+class CpuShare:
+    """Cores the rest of the machine used over the last complete window, measured on a
+    thread of its own every ``WINDOW_S``: a reading taken at step time would average over
+    the whole idle gap before a first step, and count a neighbour long gone."""
+
+    def __init__(self, clock: CpuClock | None = None, now: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock or CpuClock()
+        self.others = 0.0
+        self._now = now
+        self._last: tuple[float, float, float] | None = None
+
+    def sample(self) -> float:
+        """Read the accounting, and return the cores others used since the last reading."""
+        now, busy, own = self._now(), self.clock.busy_seconds(), self.clock.own_seconds()
+        if busy is None:
+            return self.others
+        if self._last is not None and now > self._last[0]:
+            at, busy0, own0 = self._last
+            self.others = max(0.0, ((busy - busy0) - (own - own0)) / (now - at))
+        self._last = (now, busy, own)
+        return self.others
+
+    def start(self) -> CpuShare:
+        threading.Thread(target=self._run, name="voxwire-cpu-share", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            time.sleep(WINDOW_S)
+
+
+class AdaptiveThreads:
+    """torch's intra-op threads, sized to the cores other processes leave idle.
+
+    Before each step it gives the pool the cores that the rest of the machine left idle
+    in the last window (``CpuShare``), rounded, from 1 to ``max_threads``. On a quiet
+    machine that is every configured thread; beside two busy processes on 2 cores it is
+    one, which keeps running where a second would stall every op's barrier. This
+    process's own threads (the event loop, encoders) are not counted as others: they
+    compete for the cores anyway, and counting them would shrink the pool whenever the
+    server itself is busy."""
+
+    def __init__(self, max_threads: int, apply: Callable[[int], None], others: Callable[[], float],
+                 cores: int) -> None:
+        self.max_threads, self.cores = max_threads, cores
+        self.current = max_threads
+        self.changes = 0
+        self._apply, self._others = apply, others
+
+    def threads_now(self) -> int:
+        """Called on the thread that runs the steps: OpenMP's thread count is its own."""
+        others = self._others()
+        wanted = max(1, min(self.max_threads, int(self.cores - others + 0.5)))
+        if wanted != self.current:
+            log.info("other processes used %.1f of %d cores: engine threads %d -> %d",
+                     others, self.cores, self.current, wanted)
+            self._apply(wanted)
+            self.current, self.changes = wanted, self.changes + 1
+        return self.current
+
+
+_adaptive: AdaptiveThreads | None = None
+_share: CpuShare | None = None
+
+
+def _cpu_share() -> CpuShare:
+    """The process's one sampler, started the first time a pool adapts."""
+    global _share
+    if _share is None:
+        _share = CpuShare().start()
+    return _share
 
 
 def onnx_session_options(threads: int = 1) -> onnxruntime.SessionOptions:

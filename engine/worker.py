@@ -28,6 +28,7 @@ from engine import scheduler
 from engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
 from engine.audio_queue import AudioQueue, Failed, Finished, Flushed
 from engine.text.segment import Segmenter, SegmenterLimits
+from engine.threads import adapt_cpu_threads
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,6 +46,9 @@ class WorkerStats:
     """Steps by the number of utterances they advanced."""
     memory_waits: int = 0
     """Times a stream that was due to run waited because the memory budget was spent."""
+    cpu_threads: int = 0
+    """The CPU threads the last step ran with (engine/threads.py: fewer while other
+    processes keep the cores busy)."""
 
 
 # An idle worker woken by a request waits until none has come for this long (at most
@@ -503,6 +507,7 @@ class Worker:
         fails its own utterance alone, and the rest of the batch takes its pieces."""
         streams = [u.stream for u in batch]
         assert all(s is not None for s in streams)
+        self.stats.cpu_threads = adapt_cpu_threads()
         start = time.perf_counter()
         self._stepping, self._step_started_at = batch, time.monotonic()
         try:

@@ -48,6 +48,8 @@ class Snapshot:
     queued_audio_seconds: float
     ready: bool
     cache_bytes: int
+    engine_threads: int
+    """The CPU threads the engine's last step ran with."""
 
 
 def multiprocess_dir() -> str | None:
@@ -116,6 +118,9 @@ class Metrics:
                            registry=own, multiprocess_mode="livesum")
         self.cache_bytes = Gauge("voxwire_cache_bytes", "Audio held by the result caches", registry=own,
                                  multiprocess_mode="livesum")
+        self.engine_threads = Gauge("voxwire_engine_threads",
+                                    "CPU threads of the engine's last step: fewer while other processes keep the "
+                                    "cores busy", registry=own, multiprocess_mode="livesum")
         self.threads = Gauge("voxwire_threads", "Threads in the server processes", registry=own,
                              multiprocess_mode="livesum")
         self.tasks = Gauge("voxwire_asyncio_tasks", "Tasks alive on the event loops", registry=own,
@@ -144,6 +149,7 @@ class Metrics:
         self.queued_audio.set(s.queued_audio_seconds)
         self.ready.set(int(s.ready))
         self.cache_bytes.set(s.cache_bytes)
+        self.engine_threads.set(s.engine_threads)
         self.threads.set(threading.active_count())
         if self._loop is not None:
             self.tasks.set(len(asyncio.all_tasks(self._loop)))

@@ -84,6 +84,7 @@ class Service:
             queued_audio_seconds=sum(u.queue.samples for u in utterances) / rate,
             ready=self.ready(),
             cache_bytes=self.cache.bytes,
+            engine_threads=worker.stats.cpu_threads,
         )
 
     def load(self) -> None:

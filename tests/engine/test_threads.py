@@ -5,14 +5,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.threads import configure_cpu_threads, onnx_session_options, physical_cores
+from engine import threads as threads_module
+from engine.threads import (
+    WINDOW_S,
+    AdaptiveThreads,
+    CpuClock,
+    CpuShare,
+    adapt_cpu_threads,
+    configure_cpu_threads,
+    onnx_session_options,
+    physical_cores,
+)
 
 
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
-    before = torch.get_num_threads()
+    before, adaptive = torch.get_num_threads(), threads_module._adaptive
     yield
     torch.set_num_threads(before)
+    threads_module._adaptive = adaptive
 
 
 def test_the_default_is_the_physical_cores_capped():
@@ -33,3 +44,92 @@ def test_onnxruntime_sessions_get_a_fixed_pool_that_does_not_spin():
     assert options.intra_op_num_threads == 3
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert onnx_session_options().intra_op_num_threads == 1
+
+
+class _Machine:
+    """A CpuClock whose readings the test sets: CPU seconds of every process and of ours."""
+
+    cpus = [0, 1]
+
+    def __init__(self) -> None:
+        self.t = self.busy = self.own = 0.0
+
+    def run(self, seconds: float, others: float, own: float) -> None:
+        """``seconds`` pass with ``others`` cores busy elsewhere and ``own`` in this process."""
+        self.t += seconds
+        self.busy += (others + own) * seconds
+        self.own += own * seconds
+
+    def busy_seconds(self) -> float:
+        return self.busy
+
+    def own_seconds(self) -> float:
+        return self.own
+
+
+def test_the_share_counts_other_processes_only_over_the_last_window():
+    machine = _Machine()
+    share = CpuShare(clock=machine, now=lambda: machine.t)  # type: ignore[arg-type]
+    assert share.sample() == 0.0  # a first reading has nothing to compare with
+    machine.run(WINDOW_S, others=0.1, own=2.0)  # our own busy threads are not others
+    assert share.sample() == pytest.approx(0.1)
+    machine.run(WINDOW_S, others=1.9, own=0.1)
+    assert share.sample() == pytest.approx(1.9)
+    machine.run(WINDOW_S, others=0.0, own=1.0)  # the neighbours just stopped: gone at once
+    assert share.sample() == pytest.approx(0.0)
+
+
+class _Share:
+    others = 0.0
+
+
+def _adaptive(max_threads: int = 2, cores: int = 2) -> tuple[AdaptiveThreads, _Share, list[int]]:
+    share, applied = _Share(), []
+    return AdaptiveThreads(max_threads, applied.append, lambda: share.others, cores=cores), share, applied
+
+
+def test_on_a_quiet_machine_every_thread_is_kept():
+    policy, share, applied = _adaptive()
+    for others in (0.0, 0.1, 0.4, 0.2):
+        share.others = others
+        assert policy.threads_now() == 2
+    assert applied == [] and policy.changes == 0
+
+
+def test_threads_shrink_to_the_cores_others_leave_idle_and_come_back():
+    policy, share, applied = _adaptive()
+    share.others = 1.9  # two busy neighbours on 2 cores
+    assert policy.threads_now() == 1 and applied == [1]
+    share.others = 1.3
+    assert policy.threads_now() == 1 and applied == [1]  # set once, not on every step
+    share.others = 0.0  # they stopped
+    assert policy.threads_now() == 2 and applied == [1, 2]
+    assert policy.changes == 2
+
+
+def test_more_cores_give_back_what_others_leave_within_the_cap():
+    policy, share, applied = _adaptive(max_threads=4, cores=8)
+    share.others = 5.2
+    assert policy.threads_now() == 3  # 8 - 5.2 = 2.8 cores idle
+    share.others = 1.0
+    assert policy.threads_now() == 4  # 7 idle, capped at 4
+    assert applied == [3, 4]
+
+
+def test_an_exact_count_is_pinned_and_never_adapted():
+    configure_cpu_threads(2)
+    assert adapt_cpu_threads() == 2 and threads_module._adaptive is None
+    configure_cpu_threads()
+    assert (threads_module._adaptive is not None) == (torch.get_num_threads() > 1)
+    configure_cpu_threads(1)
+    assert threads_module._adaptive is None
+
+
+def test_the_clock_reads_this_machines_cpus():
+    clock = CpuClock()
+    busy, own = clock.busy_seconds(), clock.own_seconds()
+    assert busy is not None and busy > 0 and own > 0
+    end = own + 0.05
+    while clock.own_seconds() < end:  # burn a little CPU: both readings grow
+        pass
+    assert clock.own_seconds() >= end and clock.busy_seconds() > busy

@@ -1,7 +1,14 @@
 """/metrics, read back with prometheus-client's own text-format parser."""
 
+import asyncio
+import subprocess
+import sys
+
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from engine.threads import DEFAULT_MAX_THREADS, WINDOW_S, CpuClock, physical_cores
 
 from voxwire_client.sync import synthesize_async
 
@@ -49,3 +56,29 @@ async def test_outcomes_by_error_code(tone_server):
     after = scrape(tone_server)
     key = "voxwire_utterances_total{code=engine_error,door=ws,outcome=failed}"
     assert after[key] == before.get(key, 0) + 1
+
+
+async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(piper_server):
+    """Beside processes that keep every core busy, the engine's steps run on one thread
+    (a second would stall at every op's barrier while the OS runs a neighbour), and once
+    they stop, on all of them again (engine/threads.py)."""
+    threads = min(physical_cores(), DEFAULT_MAX_THREADS)  # what the engine's default asks for
+    if threads < 2:
+        pytest.skip("one core: there is no second thread to give way")
+    text = "Neighbours are busy. The engine shares the cores. It still speaks in time."
+    await synthesize_async(text, piper_server.ws)
+    neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(CpuClock().cpus))]
+    try:
+        await asyncio.sleep(2 * WINDOW_S)  # a window of the accounting with them at work
+        await synthesize_async(text, piper_server.ws)
+        assert scrape(piper_server)["voxwire_engine_threads"] == 1
+    finally:
+        for p in neighbours:
+            p.kill()
+            p.wait()
+    for _ in range(10):  # bounded: the first quiet window may still hold some of their time
+        await asyncio.sleep(2 * WINDOW_S)
+        await synthesize_async(text, piper_server.ws)
+        if scrape(piper_server)["voxwire_engine_threads"] == threads:
+            break
+    assert scrape(piper_server)["voxwire_engine_threads"] == threads
