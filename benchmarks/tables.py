@@ -159,6 +159,22 @@ def wyoming(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def contention(r: dict[str, Any]) -> list[str]:
+    """benchmarks/contention.py: first audio quiet and beside busy neighbours, per server."""
+    lines = [
+        "| load | server | first chunk p50 | p95 | max | p95 ÷ quiet p95 | Voxwire p95 ÷ wyoming-piper p95 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for load, by_server in r["loads"].items():
+        for name, s in by_server.items():
+            versus = s.get("p95_over_wyoming_piper_p95")
+            lines.append(
+                f"| {load} | {name} | {s['p50_ms']:.0f} ms | {s['p95_ms']:.0f} ms | {s['max_ms']:.0f} ms "
+                f"| {s['p95_over_quiet_p95']:.2f} | {'' if versus is None else f'{versus:.2f}'} |"
+            )
+    return lines
+
+
 def batching(r: dict[str, Any]) -> list[str]:
     """benchmarks/batching.py: the batched server against --max-batch 1, in one run."""
     b, u, floor = r["servers"]["batched"], r["servers"]["unbatched"], r["floor"]
@@ -208,6 +224,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "ray_proxy": ray_proxy,
     "formats": formats,
     "wyoming": wyoming,
+    "contention": contention,
     "batching": batching,
 }
 
