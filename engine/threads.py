@@ -72,7 +72,7 @@ def configure_cpu_threads(threads: int | None = None, *, max_threads: int = DEFA
     _adaptive = None
     if threads is None and n > 1:
         share = _cpu_share()
-        _adaptive = AdaptiveThreads(n, _set_torch_threads, lambda: share.others,
+        _adaptive = AdaptiveThreads(n, _set_torch_threads, lambda: share.others, share.clock.runnable_elsewhere,
                                     cores=max(n, len(share.clock.cpus)))
     return n
 
@@ -133,6 +133,27 @@ class CpuClock:
         t = os.times()
         return t.user + t.system
 
+    @staticmethod
+    def runnable_elsewhere() -> int | None:
+        """Threads of other processes that are running or waiting for a core right now
+        (the kernel's ``procs_running``, less this process's own); None where unknown."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                running = next((int(line.split()[1]) for line in f if line.startswith(b"procs_running")), None)
+            own = 0
+            for task in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{task}/stat", "rb") as f:
+                        stat = f.read()
+                except OSError:  # the thread has just ended
+                    continue
+                state = stat[stat.rindex(b")") + 2:][:1]  # after "pid (name) "
+                if state == b"R":
+                    own += 1
+        except OSError:
+            return None
+        return None if running is None else max(0, running - own)
+
 
 WINDOW_S = 0.1
 """The CPU accounting's window: ten of the kernel's 10 ms ticks on each core, and short,
@@ -176,7 +197,8 @@ class AdaptiveThreads:
     """torch's intra-op threads, sized to the cores other processes leave idle.
 
     Before each step it gives the pool the cores that the rest of the machine left idle
-    in the last window (``CpuShare``), rounded, from 1 to ``max_threads``. On a quiet
+    in the last window (``CpuShare``), rounded, from 1 to ``max_threads``, or those that
+    no other process's thread is running or waiting for at that moment, if more. On a quiet
     machine that is every configured thread; beside two busy processes on 2 cores it is
     one, which keeps running where a second would stall every op's barrier. This
     process's own threads (the event loop, encoders) are not counted as others: they
@@ -184,16 +206,26 @@ class AdaptiveThreads:
     server itself is busy."""
 
     def __init__(self, max_threads: int, apply: Callable[[int], None], others: Callable[[], float],
-                 cores: int) -> None:
+                 runnable_elsewhere: Callable[[], int | None], cores: int) -> None:
         self.max_threads, self.cores = max_threads, cores
         self.current = max_threads
         self.changes = 0
-        self._apply, self._others = apply, others
+        self._apply, self._others, self._runnable_elsewhere = apply, others, runnable_elsewhere
+
+    def _fit(self, free: float) -> int:
+        return max(1, min(self.max_threads, int(free + 0.5)))
 
     def threads_now(self) -> int:
         """Called on the thread that runs the steps: OpenMP's thread count is its own."""
         others = self._others()
-        wanted = max(1, min(self.max_threads, int(self.cores - others + 0.5)))
+        wanted = self._fit(self.cores - others)
+        if wanted < self.max_threads:
+            # The window is the recent past: a neighbour that has just stopped (the
+            # client that sent this text, an ASR pass) left it busy, yet waits now. Only
+            # threads runnable at this moment can stall this step's barriers.
+            now = self._runnable_elsewhere()
+            if now is not None:
+                wanted = max(wanted, self._fit(self.cores - now))
         if wanted != self.current:
             log.info("other processes used %.1f of %d cores: engine threads %d -> %d",
                      others, self.cores, self.current, wanted)

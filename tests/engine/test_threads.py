@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -81,11 +85,15 @@ def test_the_share_counts_other_processes_only_over_the_last_window():
 
 class _Share:
     others = 0.0
+    """Cores used elsewhere over the last window."""
+    runnable: int | None = None
+    """Threads of other processes runnable at the moment of the step."""
 
 
 def _adaptive(max_threads: int = 2, cores: int = 2) -> tuple[AdaptiveThreads, _Share, list[int]]:
     share, applied = _Share(), []
-    return AdaptiveThreads(max_threads, applied.append, lambda: share.others, cores=cores), share, applied
+    policy = AdaptiveThreads(max_threads, applied.append, lambda: share.others, lambda: share.runnable, cores=cores)
+    return policy, share, applied
 
 
 def test_on_a_quiet_machine_every_thread_is_kept():
@@ -107,6 +115,16 @@ def test_threads_shrink_to_the_cores_others_leave_idle_and_come_back():
     assert policy.changes == 2
 
 
+def test_a_neighbour_that_has_just_stopped_does_not_take_a_thread():
+    policy, share, applied = _adaptive()
+    share.others, share.runnable = 1.2, 0  # busy in the last window (the client that sent the text), idle now
+    assert policy.threads_now() == 2 and applied == []
+    share.runnable = 2  # still at work
+    assert policy.threads_now() == 1 and applied == [1]
+    share.runnable = None  # no procs_running to read: the window decides
+    assert policy.threads_now() == 1
+
+
 def test_more_cores_give_back_what_others_leave_within_the_cap():
     policy, share, applied = _adaptive(max_threads=4, cores=8)
     share.others = 5.2
@@ -123,6 +141,22 @@ def test_an_exact_count_is_pinned_and_never_adapted():
     assert (threads_module._adaptive is not None) == (torch.get_num_threads() > 1)
     configure_cpu_threads(1)
     assert threads_module._adaptive is None
+
+
+def test_spinning_neighbours_are_counted_as_runnable_elsewhere():
+    idle = CpuClock.runnable_elsewhere()
+    assert idle is not None and idle >= 0
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        seen = []
+        for _ in range(20):  # bounded: a reading may catch one between two of its slices
+            time.sleep(0.05)
+            seen.append(CpuClock.runnable_elsewhere())
+        assert max(seen) >= 2
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
 
 
 def test_the_clock_reads_this_machines_cpus():
