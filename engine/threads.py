@@ -41,14 +41,17 @@ DEFAULT_MAX_THREADS = 4
 log = logging.getLogger(__name__)
 
 
+def _usable_cpus() -> list[int]:
+    """The logical CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def physical_cores() -> int:
     """Distinct (package, core) pairs among the CPUs this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        cpus = os.sched_getaffinity(0)
-    else:
-        cpus = range(os.cpu_count() or 1)
     cores = set()
-    for cpu in cpus:
+    for cpu in _usable_cpus():
         base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
         try:
             with open(base + "physical_package_id") as f1, open(base + "core_id") as f2:
@@ -90,12 +93,6 @@ def _set_torch_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
-
-
-def _usable_cpus() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
 
 
 class CpuClock:
