@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.requests import HTTPConnection, Request
@@ -155,9 +156,13 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         return Response(body, media_type=media_type)
 
     async def index(request: Request) -> Response:
-        # Keep the query: the demo page reads ?token= (and ?url=) from it.
-        query = f"?{request.url.query}" if request.url.query else ""
-        return RedirectResponse(f"/client/demo.html{query}")
+        # Keep the query (the demo page reads ?url= from it), but move a ?token= into the
+        # fragment, which browsers never send: the redirected request carries no key.
+        params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        query = f"?{urlencode(params)}" if params else ""
+        token = request.query_params.get("token")
+        fragment = f"#{urlencode({'token': token})}" if token else ""
+        return RedirectResponse(f"/client/demo.html{query}{fragment}")
 
     routes = [
         WebSocketRoute("/v1/stream", stream),

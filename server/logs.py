@@ -4,15 +4,25 @@ Every utterance is logged once, as the ``voxwire.utterance`` event (server/accou
 with its ids, figures and outcome. Its text is not logged unless ``log_text`` is set: what
 users say to a voice assistant is theirs. Every line carries the process id and, with
 ``--workers``, the worker's index, so lines from several workers can be told apart.
+
+No credential reaches a line: every record that reaches the handler (Voxwire's own,
+uvicorn's access lines and uvicorn.error's ``"WebSocket /v1/stream?token=…"``) passes
+through ``RedactCredentials`` first, which rewrites its message, arguments, extra fields
+and traceback. A key sent as ``?token=`` is in the request line that uvicorn logs, and a
+wrong key is as secret as a right one (often a key of another service, or one typo away).
 """
 
 from __future__ import annotations
 
 import logging
+import numbers
 import os
+import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote_plus
 
 import orjson
 
@@ -22,6 +32,143 @@ from server.limits import WORKER_INDEX_ENV
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 _WORKER = os.environ.get(WORKER_INDEX_ENV)
 
+REDACTED = "[redacted]"
+
+# Names whose value is a credential, as query parameters, extra fields, mapping keys or
+# header names; compared lower-case without "-" and "_" (api_key = api-key = apikey).
+# `token` is the one Voxwire reads (server/auth.py). The others are the names other
+# services take a key under (OAuth's access_token, Google's key, api_key in many SDKs,
+# signed URLs' signature), which a client may send here out of habit: a key is secret
+# whichever name carried it. A plain `key` is on the list for that reason; no Voxwire
+# route takes a parameter or logs a field of that name.
+CREDENTIAL_NAMES = frozenset({
+    "token", "accesstoken", "refreshtoken", "idtoken", "authtoken", "apitoken",
+    "apikey", "key", "xapikey", "secret", "clientsecret", "password", "passwd", "pwd",
+    "auth", "authorization", "proxyauthorization", "cookie", "setcookie", "jwt", "signature", "sig",
+})
+
+# Where a value ends: before any closing quotes or brackets that are followed by a
+# separator, so `"WebSocket /v1/stream?token=K" [accepted]` keeps its closing quote while
+# a key that itself holds a quote is redacted whole. A value already redacted is matched
+# whole first, so that a second pass leaves it as it is.
+_CLOSERS = r"""["'\])},]*"""
+_DONE = re.escape(REDACTED)
+# A query parameter: `?name=value` or `&name=value` (`;` too: some servers split on it).
+_QUERY_PARAM = re.compile(
+    rf"(?P<lead>[?&;])(?P<name>[^=&;#?\s]+)=(?P<value>{_DONE}|[^&#\s]*?)(?={_CLOSERS}(?:[&#\s]|$))"
+)
+# A header as written in text or a repr: `Authorization: Bearer K`, `'x-api-key': 'K'`.
+# Its value runs to the end of the line: a scheme and its credentials are two words.
+_HEADER = re.compile(
+    r"""(?P<name>\b(?:proxy-)?authorization|\bx-api-key|\bapi-key|\b(?:set-)?cookie)(?P<sep>["']?\s*:\s*["']?)"""
+    rf"""(?P<value>{_DONE}|[^\r\n]*?)(?={_CLOSERS}(?:[\r\n]|$))""",
+    re.IGNORECASE,
+)
+# `Bearer K` wherever it stands (a header's value logged without its name).
+_BEARER = re.compile(rf"(?P<lead>\bbearer\s+)(?P<value>{_DONE}|\S+?)(?={_CLOSERS}(?:\s|$))", re.IGNORECASE)
+# The subprotocol a browser offers its key in (server/auth.py), as in Sec-WebSocket-Protocol.
+_SUBPROTOCOL = re.compile(rf"(?P<lead>voxwire\.token\.)(?P<value>{_DONE}|[^\s,]*?)(?={_CLOSERS}(?:[\s,]|$))")
+
+
+def is_credential_name(name: str) -> bool:
+    return unquote_plus(name).strip().lower().replace("-", "").replace("_", "") in CREDENTIAL_NAMES
+
+
+def _query_param(m: re.Match[str]) -> str:
+    if m["value"] in ("", REDACTED) or not is_credential_name(m["name"]):
+        return m[0]
+    return f"{m['lead']}{m['name']}={REDACTED}"
+
+
+def _header(m: re.Match[str]) -> str:
+    return m[0] if m["value"] in ("", REDACTED) else f"{m['name']}{m['sep']}{REDACTED}"
+
+
+def _after_lead(m: re.Match[str]) -> str:
+    return m[0] if m["value"] in ("", REDACTED) else f"{m['lead']}{REDACTED}"
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every credential it carries replaced by ``[redacted]``."""
+    if not text:
+        return text
+    text = _QUERY_PARAM.sub(_query_param, text)
+    text = _HEADER.sub(_header, text)
+    text = _BEARER.sub(_after_lead, text)
+    return _SUBPROTOCOL.sub(_after_lead, text)
+
+
+def redact_value(value: Any) -> Any:
+    """A logged value with its credentials redacted: mappings and (name, value) pairs by
+    name (headers as a dict, or ASGI's list of pairs), text by its content."""
+    if value is None or isinstance(value, numbers.Number):  # numpy's too: `%d` still takes them
+        return value
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, bytes | bytearray):
+        return redact_text(bytes(value).decode("latin-1"))
+    if isinstance(value, Mapping):
+        return {k: REDACTED if _named_credential(k) else redact_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        if len(value) == 2 and isinstance(value, tuple) and _named_credential(value[0]):
+            return (redact_value(value[0]), REDACTED)
+        items = [redact_value(v) for v in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    return redact_text(str(value))  # a URL, a Headers object, an exception: as it would print
+
+
+def _named_credential(name: Any) -> bool:
+    if isinstance(name, bytes | bytearray):
+        name = bytes(name).decode("latin-1")
+    return isinstance(name, str) and is_credential_name(name)
+
+
+# What a user asked to be spoken, logged only when the operator sets log_text: verbatim,
+# since keys never travel in it and "Bearer of bad news" is no header.
+_VERBATIM = {("voxwire.utterance", "text")}
+
+
+class RedactCredentials(logging.Filter):
+    """Rewrites a record in place, before any formatter sees it, so that every format
+    (and any other handler the record reaches after ours) gets the redacted line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # The arguments one by one, so each path keeps its own end (a key is not run into
+        # the next argument), then the whole line for what the format string joined.
+        given = record.args
+        if isinstance(given, Mapping):
+            record.args = {k: REDACTED if _named_credential(k) else redact_value(v) for k, v in given.items()}
+        elif given:
+            record.args = tuple(redact_value(a) for a in given)
+        message: str | None
+        try:
+            message = record.getMessage()
+        except Exception:
+            # An argument that only its own type formats (`%d` of an object with __index__):
+            # the line as given, redacted whole.
+            record.args = given
+            try:
+                message = record.getMessage()
+            except Exception:  # a format that does not fit its arguments: logging reports both
+                record.msg = redact_text(str(record.msg))
+                record.args = redact_value(given) if given else given
+                message = None
+        if message is not None:
+            record.msg, record.args = redact_text(message), ()
+        for name, value in _fields(record).items():
+            if (record.name, name) not in _VERBATIM:
+                setattr(record, name, REDACTED if is_credential_name(name) else redact_value(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _PLAIN.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info)
+        return True
+
+
+_PLAIN = logging.Formatter()
+
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in record.__dict__.items() if k not in _RESERVED}
@@ -29,6 +176,13 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 def _process() -> dict[str, Any]:
     return {"pid": os.getpid(), **({"worker": int(_WORKER)} if _WORKER is not None else {})}
+
+
+def _exception(formatter: logging.Formatter, record: logging.LogRecord) -> str | None:
+    # exc_text first: RedactCredentials leaves the redacted traceback there.
+    if record.exc_info and not record.exc_text:
+        record.exc_text = formatter.formatException(record.exc_info)
+    return record.exc_text or None
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,8 +195,8 @@ class JsonFormatter(logging.Formatter):
             **_process(),
             **_fields(record),
         }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        if (exc := _exception(self, record)) is not None:
+            out["exc"] = exc
         return orjson.dumps(out, default=str).decode()
 
 
@@ -52,16 +206,20 @@ class TextFormatter(logging.Formatter):
         extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
         who = f"[{_WORKER}] " if _WORKER is not None else ""
         line = f"{when} {who}{record.levelname:<7} {record.name}: {record.getMessage()}" + (f"  {extra}" if extra else "")
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+        if (exc := _exception(self, record)) is not None:
+            line += "\n" + exc
         return line
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
+    """The root handler every logger reaches (``voxwire serve`` and each ``--workers``
+    process call this): uvicorn's too, since server/run.py passes ``log_config=None``."""
     if fmt == "auto":
         fmt = "text" if sys.stderr.isatty() else "json"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    # On the handler, not a logger: a logger's filter never sees its children's records.
+    handler.addFilter(RedactCredentials())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

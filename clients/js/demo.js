@@ -1,6 +1,6 @@
 // The demo page: speak a text through Voxwire and show what happened, live.
 // It needs no configuration: it talks to /v1/stream on the host that served it
-// (or to ?url=ws://…, with ?token=KEY for a server with API keys). Tests read
+// (or to ?url=ws://…; a server with API keys wants #token=KEY). Tests read
 // window.voxwireDemo.
 //
 // Every figure is the current run's (the last Speak's), even while it waits behind an
@@ -16,11 +16,30 @@ const WORD_INTERVAL_MS = 40; // "stream words": about the pace of a language mod
 const player = new Player();
 const query = new URLSearchParams(location.search);
 const url = query.get('url') || defaultUrl();
-// The context's own rate (within 8–48 kHz), so the browser resamples nothing. A server
-// started with API keys wants one: open the page with ?token=KEY. A lost connection is
-// reopened by the client, so the next Speak finds one.
+
+// The API key of a server started with keys. Best given in the fragment, #token=KEY: a
+// fragment never leaves the browser (no request line, no access or proxy log, no
+// Referer). ?token=KEY still works, but by now it has reached the server's and every
+// proxy's logs; it moves into the fragment at once, so that no reload sends it again and
+// history keeps it only there. The client presents it as the subprotocol
+// voxwire.token.KEY (browsers cannot set headers on a WebSocket), never in the socket's URL.
+function takeKey() {
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  const key = fragment.get('token') || query.get('token') || undefined;
+  if (query.has('token')) {
+    query.delete('token');
+    if (key) fragment.set('token', key);
+    const search = query.toString();
+    const hash = fragment.toString();
+    history.replaceState(history.state, '', `${location.pathname}${search ? `?${search}` : ''}${hash ? `#${hash}` : ''}`);
+  }
+  return key;
+}
+
+// The context's own rate (within 8–48 kHz), so the browser resamples nothing. A lost
+// connection is reopened by the client, so the next Speak finds one.
 const vx = new Voxwire(url, {
-  format: 'pcm_s16le', sampleRate: player.streamRate, token: query.get('token') || undefined, reconnect: true,
+  format: 'pcm_s16le', sampleRate: player.streamRate, token: takeKey(), reconnect: true,
 });
 
 const demo = { vx, player, runs: [], current: null, speak };

@@ -7,10 +7,14 @@ import logging
 import os
 import subprocess
 import sys
+from typing import Any
 
+import httpx
 import orjson
+import pytest
+import websockets
 
-from server.logs import JsonFormatter, TextFormatter
+from server.logs import JsonFormatter, RedactCredentials, TextFormatter, configure_logging, redact_text
 from tests.conftest import free_port
 from tests.server.test_faults import _wait_listening
 from voxwire_client.sync import synthesize_async
@@ -62,3 +66,230 @@ def test_formatters():
     }
     text = TextFormatter().format(record)
     assert "INFO" in text and "utterance done" in text and "ctx=a1" in text and not text.startswith("{")
+
+
+# Issue 29, case 4: no credential reaches a log line, whichever way it was sent, right or
+# wrong, in either format, from uvicorn's loggers or Voxwire's own.
+
+GOOD_KEY = "k1-Good-3f9a7c"
+WRONG_KEY = "w9-Wrong-51be0d"
+SPEECH = {"model": "tts-1", "voice": "alloy", "response_format": "pcm"}
+# What the right key's requests speak (the wrong key's speak nothing); with --log-text
+# each is in its utterance's event, as it was sent ("Bearer speech." is no header).
+TEXTS = ("Sent with a query token.", "Sent with a bearer header.", "Sent as a subprotocol.",
+         "Query token speech.", "Bearer speech.")
+
+
+async def _ready_pids(http: httpx.AsyncClient, proc: subprocess.Popen[str], workers: int) -> None:
+    """Until every worker has answered /readyz: a socket then finds an engine wherever the
+    kernel hands it (each request a fresh connection, so the kernel spreads them)."""
+    seen: set[int] = set()
+    for _ in range(1200):
+        assert proc.poll() is None, "the server exited"
+        try:
+            r = await http.get("/readyz", headers={"Connection": "close"})
+            if r.status_code == 200:
+                seen.add(r.json()["pid"])
+                if len(seen) == workers:
+                    return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError("the server did not become ready")
+
+
+async def _speak(url: str, text: str, **connect: Any) -> None:
+    async with websockets.connect(url, **connect) as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+        await ws.send(orjson.dumps({"type": "speak", "ctx": "u1", "text": text}).decode())
+        while not isinstance(message := await ws.recv(), str) or orjson.loads(message)["type"] != "done":
+            pass
+
+
+async def _refused(url: str, **connect: Any) -> None:
+    async with websockets.connect(url, **connect) as ws:
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+async def _present_keys_every_way(port: int) -> None:
+    ws = f"ws://127.0.0.1:{port}/v1/stream"
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+        for key, good in ((GOOD_KEY, True), (WRONG_KEY, False)):
+            bearer = {"Authorization": f"Bearer {key}"}
+            subprotocols = ["voxwire.v1", f"voxwire.token.{key}"]
+            if good:
+                await _speak(f"{ws}?token={key}", "Sent with a query token.")
+                await _speak(ws, "Sent with a bearer header.", additional_headers=bearer)
+                await _speak(ws, "Sent as a subprotocol.", subprotocols=subprotocols)
+            else:
+                await _refused(f"{ws}?token={key}")
+                await _refused(ws, additional_headers=bearer)
+                await _refused(ws, subprotocols=subprotocols)
+            status = 200 if good else 401
+            r = await http.post(f"/v1/audio/speech?token={key}", json={**SPEECH, "input": "Query token speech."})
+            assert r.status_code == status
+            r = await http.post("/v1/audio/speech", json={**SPEECH, "input": "Bearer speech."}, headers=bearer)
+            assert r.status_code == status
+            assert (await http.get(f"/v1/voices?token={key}")).status_code == status
+            # Starlette decodes parameter names: %74oken is `token`, and a key all the same.
+            assert (await http.get(f"/v1/voices?voice=x&%74oken={key}")).status_code == status
+            assert (await http.get("/v1/voices", headers=bearer)).status_code == status
+            assert (await http.get(f"/?token={key}")).status_code == 307  # the demo page's redirect
+
+
+@pytest.mark.parametrize("log_format,workers", [("json", 1), ("text", 2)])
+async def test_no_key_reaches_any_log_line_however_it_was_sent(tmp_path, log_format, workers):
+    """A real server process, so the lines are uvicorn's own access and error lines and
+    Voxwire's, through the handler ``voxwire serve`` installs (each worker's, with 2)."""
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-format", log_format,
+             "--api-key", GOOD_KEY, "--log-text", "--workers", str(workers), "--piper-backend", "onnx"],
+            stdout=subprocess.DEVNULL, stderr=log_file, text=True,
+        )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            await _ready_pids(http, proc, workers)
+        await _present_keys_every_way(port)
+        await asyncio.sleep(0.5)  # the last utterance's event follows its `done`
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    logged = log_path.read_text()
+    for key in (GOOD_KEY, WRONG_KEY):
+        assert key.lower() not in logged.lower(), [line for line in logged.splitlines() if key in line]
+        assert key.split("-")[-1] not in logged  # nor its tail, cut off at some separator
+    lines = logged.splitlines()
+    if log_format == "json":
+        records = [orjson.loads(line) for line in lines]  # every line is JSON
+        messages = [r["msg"] for r in records]
+        utterances = [r for r in records if r["logger"] == "voxwire.utterance" and r["outcome"] == "done"]
+        assert sorted(u["text"] for u in utterances) == sorted(TEXTS)  # log_text: the text, nothing else
+    else:
+        assert not any(line.startswith("{") for line in lines)
+        messages = lines
+        utterances = [line for line in lines if "voxwire.utterance: utterance done" in line]
+        assert len(utterances) == len(TEXTS) and all(any(t in u for u in utterances) for t in TEXTS)
+
+    def count(fragment: str) -> int:
+        return sum(fragment in m for m in messages)
+
+    # Each request's line is there, with the marker where its key was: two of each (the
+    # right key's and the wrong one's), and the status tells them apart.
+    assert count('"WebSocket /v1/stream?token=[redacted]" [accepted]') == 2
+    assert count('"WebSocket /v1/stream" [accepted]') >= 4  # bearer and subprotocol (and no more key)
+    requests = ("POST /v1/audio/speech?token=[redacted]", "POST /v1/audio/speech", "GET /v1/voices?token=[redacted]",
+                "GET /v1/voices?voice=x&%74oken=[redacted]", "GET /v1/voices")
+    for request in requests:
+        assert count(f'"{request} HTTP/1.1" 200') == 1, request
+        assert count(f'"{request} HTTP/1.1" 401') == 1, request
+    assert count('"GET /?token=[redacted] HTTP/1.1" 307') == 2
+    assert count("connection refused: unauthorized") == 3
+
+
+def _through_filter(record: logging.LogRecord) -> tuple[str, str]:
+    """``record`` as each format writes it, after the root handler's filter."""
+    assert RedactCredentials().filter(record)
+    return JsonFormatter().format(record), TextFormatter().format(record)
+
+
+def test_uvicorn_access_and_error_records_are_redacted_in_their_arguments():
+    access = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "POST", f"/v1/audio/speech?voice=joe&token={GOOD_KEY}&x=1", "1.1", 200), None,
+    )
+    access.color_message = '%s - "%s %s HTTP/%s" %d'  # as uvicorn's carry
+    socket = logging.LogRecord(
+        "uvicorn.error", logging.INFO, __file__, 1, '%s - "WebSocket %s" [accepted]',
+        ("127.0.0.1:5000", f"/v1/stream?api_key={GOOD_KEY}"), None,
+    )
+    for line in _through_filter(access):
+        assert GOOD_KEY not in line
+        assert '"POST /v1/audio/speech?voice=joe&token=[redacted]&x=1 HTTP/1.1" 200' in line.replace('\\"', '"')
+    for line in _through_filter(socket):
+        assert GOOD_KEY not in line
+        assert '"WebSocket /v1/stream?api_key=[redacted]" [accepted]' in line.replace('\\"', '"')
+
+
+def test_extra_fields_holding_urls_headers_or_keys_are_redacted():
+    record = logging.LogRecord("voxwire.x", logging.INFO, __file__, 1, "request %s", ({"authorization": "a"},), None)
+    record.path = f"/v1/voices?token={GOOD_KEY}"
+    record.url = f"http://h/v1/stream?access_token={GOOD_KEY}#top"
+    record.headers = {"Authorization": f"Bearer {GOOD_KEY}", "X-API-Key": GOOD_KEY, "host": "h"}
+    record.asgi_headers = [(b"authorization", f"Bearer {GOOD_KEY}".encode()), (b"host", b"h")]
+    record.subprotocols = ["voxwire.v1", f"voxwire.token.{GOOD_KEY}"]
+    record.api_key = GOOD_KEY
+    record.voice = "joe"  # not a credential: as it was
+    json_line, text_line = _through_filter(record)
+    assert GOOD_KEY not in json_line and GOOD_KEY not in text_line
+    fields = orjson.loads(json_line)
+    assert fields["path"] == "/v1/voices?token=[redacted]"
+    assert fields["url"] == "http://h/v1/stream?access_token=[redacted]#top"
+    assert fields["headers"] == {"Authorization": "[redacted]", "X-API-Key": "[redacted]", "host": "h"}
+    assert fields["asgi_headers"] == [["authorization", "[redacted]"], ["host", "h"]]
+    assert fields["subprotocols"] == ["voxwire.v1", "voxwire.token.[redacted]"]
+    assert fields["api_key"] == "[redacted]" and fields["voice"] == "joe"
+    assert fields["msg"] == "request {'authorization': '[redacted]'}"
+
+
+def test_exception_text_is_redacted():
+    try:
+        raise ValueError(f"GET http://h/v1/voices?token={GOOD_KEY} failed: Authorization: Bearer {WRONG_KEY}")
+    except ValueError:
+        record = logging.LogRecord("voxwire.x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    json_line, text_line = _through_filter(record)
+    for line in (json_line, text_line):
+        assert GOOD_KEY not in line and WRONG_KEY not in line and "Traceback" in line
+    assert "?token=[redacted] failed: Authorization: [redacted]" in orjson.loads(json_line)["exc"]
+
+
+def test_unlisted_names_and_plain_text_are_left_alone():
+    assert redact_text("/v1/voices?voice=joe&keyboard=us&monkey=1") == "/v1/voices?voice=joe&keyboard=us&monkey=1"
+    assert redact_text("utterance done in 120 ms") == "utterance done in 120 ms"
+    # A value with a quote inside is redacted whole; a closing quote after it is kept.
+    assert redact_text('"GET /?token=ab"cd HTTP/1.1"') == '"GET /?token=[redacted] HTTP/1.1"'
+    assert redact_text('"WebSocket /?token=abc" [accepted]') == '"WebSocket /?token=[redacted]" [accepted]'
+    once = redact_text(f"/v1?token={GOOD_KEY} Bearer {GOOD_KEY} voxwire.token.{GOOD_KEY}")
+    assert redact_text(once) == once == "/v1?token=[redacted] Bearer [redacted] voxwire.token.[redacted]"
+
+
+def test_the_utterance_text_asked_for_is_logged_verbatim():
+    """--log-text logs what the user asked to be spoken as it was: no key travels in it,
+    and the bearer of bad news is no header."""
+    record = logging.LogRecord("voxwire.utterance", logging.INFO, __file__, 1, "utterance %s", ("done",), None)
+    record.text = "Bearer of bad news, call ?token=now."
+    assert orjson.loads(_through_filter(record)[0])["text"] == "Bearer of bad news, call ?token=now."
+
+
+def test_an_argument_only_its_own_type_formats_still_formats():
+    class Cores:
+        def __index__(self) -> int:
+            return 3
+
+    args = (Cores(), GOOD_KEY)
+    record = logging.LogRecord("voxwire.x", logging.INFO, __file__, 1, "%d cores for ?token=%s", args, None)
+    json_line, _ = _through_filter(record)
+    assert orjson.loads(json_line)["msg"] == "3 cores for ?token=[redacted]"
+
+
+def test_configure_logging_puts_the_filter_on_the_handler_every_logger_reaches(capsys):
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    names = ("uvicorn", "uvicorn.error", "uvicorn.access")
+    uvicorn_saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate) for n in names}
+    try:
+        configure_logging("info", "json")
+        path = f"/v1/voices?token={GOOD_KEY}"
+        logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "c", "GET", path, "1.1", 200)
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        for name, (handlers, propagate) in uvicorn_saved.items():
+            logging.getLogger(name).handlers[:] = handlers
+            logging.getLogger(name).propagate = propagate
+    err = capsys.readouterr().err
+    assert GOOD_KEY not in err and "?token=[redacted] HTTP/1.1" in err

@@ -368,6 +368,43 @@ def test_a_server_with_api_keys_takes_the_pages_token_and_refuses_without(browse
         context.close()
 
 
+# Issue 29, case 4: the demo's key leaves the browser only as the subprotocol. Given in the
+# fragment it is in no request at all; given as ?token= it is in the two navigations that
+# brought it (the server's logs redact it there) and in nothing after: no Referer, no
+# socket URL, no reload, since the page moves it into the fragment.
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("given", ["#token=", "?token="])
+def test_the_demo_pages_key_leaves_the_browser_only_as_the_subprotocol(browser, given):
+    from server.config import AuthConfig, ServerConfig
+    from tests.conftest import run_server
+    from tests.fixtures.engines import ToneEngine
+
+    key = "k3y-0f-the-demo"
+    with run_server(ServerConfig(auth=AuthConfig(api_keys=(key,))), engine=lambda: ToneEngine()) as server:
+        context = browser.new_context()
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        requests, sockets = [], []
+        page.on("request", lambda r: requests.append(r))
+        page.on("websocket", lambda ws: sockets.append(ws.url))
+        page.goto(f"{server.http}/{given}{key}")
+        page.wait_for_selector("body[data-state=idle]")
+        click_speak(page, "one two three")
+        assert_played_all(wait_played(page))
+        assert page.evaluate("[location.search, location.hash]") == ["", f"#token={key}"]
+        assert page.evaluate("window.voxwireDemo.vx._ws.protocol") == "voxwire.v1"
+        page.reload()  # the key still in the page, and still in no request
+        page.wait_for_selector("body[data-state=idle]")
+        # The redirect from / moves a ?token= into the fragment: only the first load brings it.
+        brought = {f"{server.http}/?token={key}"} if given[0] == "?" else set()
+        assert {r.url for r in requests} & brought == brought
+        for r in requests:
+            if r.url not in brought:
+                assert key not in r.url and key not in r.all_headers().get("referer", ""), (r.url, r.all_headers())
+        assert len(sockets) == 2 and all(key not in url for url in sockets)
+        context.close()
+
+
 # Issue 20, item 11: the demo's figures are the current run's (the last Speak), never a
 # sum over runs, even when runs queue behind one another or are stopped.
 
