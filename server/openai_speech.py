@@ -9,7 +9,8 @@ it); each is streamed as it is encoded (server/audio.py). OpenAI's voice names
 as a string or as OpenAI's voice object ``{"id": ...}``. ``model`` and ``instructions``
 are accepted and ignored: the loaded engine speaks. Optional fields may be null.
 Errors come in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
-docs/protocol.md has the reference.
+The body must be ``application/json`` and at most ``MAX_BODY_BYTES`` (server/bodies.py
+reads it no further). docs/protocol.md has the reference.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.base import Engine, EngineError
 from server.audio import content_type
+from server.bodies import Body, TooLarge, declared_media_type
 from server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, UtteranceRequest
 from server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
 
@@ -37,6 +39,13 @@ DOOR = "http"
 RATE = 24000
 CHUNK_MS = 200
 MAX_INPUT_CHARS = 4096  # OpenAI's own limit
+# The largest body read. JSON may write any character as escapes, one beyond the BMP as a
+# surrogate pair (12 bytes: \ud83d\ude00), so 4096 characters of ``input`` take at most
+# 48 KiB; ``instructions`` (taken and ignored, but clients send prompts there) gets as
+# much again, and the last 32 KiB is for ``model``, ``voice``, the other short fields and
+# whitespace. Larger bodies are refused before they are read (server/bodies.py).
+MAX_BODY_BYTES = 128 * 1024
+JSON = "application/json"
 # response_format -> (the stream's format, the Content-Type). OpenAI's own types for its
 # formats, but Ogg's for opus: the body is an Ogg file, which is what players look for.
 FORMATS = {
@@ -171,14 +180,29 @@ def engine_voice(engine: Engine, requested: str, default: str) -> str:
     return requested
 
 
-async def read_body(request: Request) -> bytes | None:
+async def read_body(body: Body) -> bytes | None:
     """The request body, or None when the client hung up before sending all of it."""
     try:
-        return await request.body()
+        return await body.read()
     except ClientDisconnect:
         # Ordinary (a cancelled request, a dropped connection): one line, no traceback.
-        log.info("client disconnected before sending the whole request body", extra={"path": request.url.path})
+        log.info("client disconnected before sending the whole request body", extra={"path": body.request.url.path})
         return None
+
+
+def too_large() -> JSONResponse:
+    return openai_error(
+        413, f"the request body is limited to {MAX_BODY_BYTES // 1024} KiB ('input' to {MAX_INPUT_CHARS} characters)",
+        "request_too_large",
+    )
+
+
+def unsupported_media_type(sent: str) -> JSONResponse:
+    what = f"Content-Type '{sent}'" if sent else "no Content-Type"
+    return openai_error(
+        415, f"the body must be a JSON object sent with Content-Type: {JSON} (this request has {what})",
+        "unsupported_media_type",
+    )
 
 
 def wav_header(rate: int) -> bytes:
@@ -195,10 +219,21 @@ _REFUSED_STATUS = {"overloaded": 429, "unknown_voice": 400, "no_voice": 400}
 
 
 async def speech(request: Request, pipeline: Pipeline, default_voice: str) -> Response:
-    raw = await read_body(request)
+    ids = {"request": secrets.token_hex(6)}
+    body = Body(request, MAX_BODY_BYTES)
+    # A form (curl -d), text or multipart body is not what an OpenAI client sends: say
+    # what to send rather than guess. Dropping a body this route would take keeps the
+    # connection; anything larger is not read, and the connection closes.
+    if (sent := declared_media_type(request)) != JSON:
+        pipeline.refused(DOOR, "unsupported_media_type", ids, "", "")
+        return await body.settle(unsupported_media_type(sent), MAX_BODY_BYTES)
+    try:
+        raw = await read_body(body)
+    except TooLarge:
+        pipeline.refused(DOOR, "request_too_large", ids, "", "")
+        return await body.settle(too_large(), 0)
     if raw is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    ids = {"request": secrets.token_hex(6)}
     try:
         asked = parse_request(orjson.loads(raw))
         voice = engine_voice(pipeline.engine(), asked.voice, default_voice)

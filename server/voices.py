@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from engine.base import Engine, EngineError
 from engine.worker import Worker
+from server.bodies import Body, TooLarge
 from server.cache import ResultCache
 
 log = logging.getLogger(__name__)
@@ -82,17 +83,17 @@ def too_long(frames: int, rate: int, channels: int) -> EngineError:
 
 
 async def cannot_clone(request: Request, engine: Engine) -> Response:
-    """501 for an engine that cannot clone, before anything is decoded. The body is read
-    and dropped first (within the upload limit): a proxy still sending it would otherwise
-    see the connection close and answer its client 502 instead of this."""
-    length = request.headers.get("content-length")
-    if length is None or not length.isdigit() or int(length) <= MAX_UPLOAD_BYTES:
-        try:
-            async for _ in request.stream():
-                pass
-        except ClientDisconnect:
-            return Response(status_code=499)
-    return error("voice_registration_unsupported", f"the {engine.name} engine cannot clone voices")
+    """501 for an engine that cannot clone, before anything is decoded. An upload within
+    the upload limit is read and dropped first: a proxy still sending it would otherwise
+    see the connection close and answer its client 502 instead of this. A larger one is
+    read no further than the limit (a declared one not at all), and the answer closes the
+    connection."""
+    unsupported = error("voice_registration_unsupported", f"the {engine.name} engine cannot clone voices")
+    return await Body(request, MAX_UPLOAD_BYTES).settle(unsupported, MAX_UPLOAD_BYTES)
+
+
+def upload_too_large() -> JSONResponse:
+    return error("upload_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
 
 
 def form_flag(value: object, field: str) -> bool | None:
@@ -111,20 +112,28 @@ def list_voices(engine: Engine, default: str | None) -> JSONResponse:
 async def register_voice(request: Request, worker: Worker, cache: ResultCache) -> Response:
     """multipart/form-data: ``audio`` (a file), ``transcript`` (what it says), ``name``,
     and optionally ``fast_start`` (``true`` or ``false``: the voice's default schedule)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_UPLOAD_BYTES:
-        return error("upload_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
+    # The whole body within the limit, however it is sent: counted as it arrives, so a
+    # chunked upload is refused once it passes the limit, not after it is all on disk.
+    body = Body(request, MAX_UPLOAD_BYTES)
+    if body.declared_too_large:
+        return await body.settle(upload_too_large(), 0)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        return error("bad_request", "send multipart/form-data with fields audio, transcript and name")
+        return await body.settle(
+            error("bad_request", "send multipart/form-data with fields audio, transcript and name"), MAX_UPLOAD_BYTES
+        )
     try:
-        form = await request.form(max_files=1, max_fields=4, max_part_size=MAX_UPLOAD_BYTES)
+        form = await body.request.form(max_files=1, max_fields=4, max_part_size=MAX_UPLOAD_BYTES)
+    except TooLarge:
+        return await body.settle(upload_too_large(), 0)
     except ClientDisconnect:
         # Ordinary (a cancelled upload, a dropped connection): one line, no traceback, and
         # no answer, as nobody is left to read it (499 is nginx's status for this; never sent).
         log.info("client disconnected before sending the whole request body", extra={"path": request.url.path})
         return Response(status_code=499)
     except Exception:  # the multipart parser's errors have no common base
-        return error("bad_request", "the form could not be read as multipart/form-data")
+        return await body.settle(
+            error("bad_request", "the form could not be read as multipart/form-data"), MAX_UPLOAD_BYTES
+        )
     upload = form.get("audio")
     transcript = form.get("transcript", "")
     name = form.get("name", "")
@@ -134,9 +143,7 @@ async def register_voice(request: Request, worker: Worker, cache: ResultCache) -
         return error("bad_request", "\"transcript\" and \"name\" must be text fields")
     if len(transcript) > MAX_TRANSCRIPT_CHARS:
         return error("transcript_too_long", f"the transcript is limited to {MAX_TRANSCRIPT_CHARS} characters")
-    data = await upload.read()
-    if len(data) > MAX_UPLOAD_BYTES:
-        return error("upload_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
+    data = await upload.read()  # within the limit: the whole body was
     try:
         fast_start = form_flag(form.get("fast_start"), "fast_start")
         # Passed only when given: ``Engine.register_voice`` itself has no such argument.

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import openai
+import orjson
 import pytest
 import soundfile
 
+from server import openai_speech
 from server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
 from tests.server.test_stream import SENTENCE, assert_speech
@@ -226,3 +228,75 @@ def test_a_client_that_hangs_up_mid_body_is_an_ordinary_event(piper_server, serv
     assert r.status_code == 200 and len(r.content) > 4800
     # Checked after the next request, so that a traceback logged just after the line is seen too.
     assert_logged_as_ordinary(disconnect_records(server_log))
+
+
+SPEECH = {"model": "tts-1", "voice": "joe", "input": "Hi there.", "response_format": "pcm"}
+
+
+@pytest.mark.parametrize(
+    "content_type,sent",
+    [
+        ("text/plain", "'text/plain'"),
+        ("application/x-www-form-urlencoded", "'application/x-www-form-urlencoded'"),  # what curl -d sends
+        ("multipart/form-data; boundary=x", "'multipart/form-data'"),
+        (None, "no Content-Type"),
+    ],
+)
+def test_only_json_is_parsed_and_the_refusal_says_what_to_send(piper_server, content_type, sent):
+    headers = {} if content_type is None else {"content-type": content_type}
+    r = httpx.post(f"{piper_server.http}/v1/audio/speech", content=orjson.dumps(SPEECH), headers=headers, timeout=60)
+    assert r.status_code == 415, (r.status_code, r.headers["content-type"])
+    error = r.json()["error"]
+    assert (error["code"], error["type"], error["param"]) == ("unsupported_media_type", "invalid_request_error", None)
+    assert "Content-Type: application/json" in error["message"] and sent in error["message"]
+    assert "connection" not in r.headers  # a body this small is read and dropped: the connection stays
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON"])
+def test_json_with_parameters_or_in_any_case_is_json(piper_server, content_type):
+    r = httpx.post(f"{piper_server.http}/v1/audio/speech", content=orjson.dumps(SPEECH), headers={"content-type": content_type}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm" and len(r.content) > 4800, r.text
+
+
+def padded_request(size: int) -> Iterator[bytes]:
+    """A valid request with one ignored field that makes its body ``size`` bytes longer."""
+    yield orjson.dumps(SPEECH)[:-1] + b', "padding": "'
+    for _ in range(size // 65536):
+        yield b"x" * 65536
+    yield b'"}'
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "content-length"])
+def test_a_body_over_the_bound_gets_413_and_a_keep_alive_client_goes_on(piper_server, declared):
+    # Far past the bound, and past what uvicorn reads ahead of the route (a 64 KiB buffer
+    # and one read of up to 256 KiB), so the rest is surely left unread.
+    size = 4 * 1024 * 1024
+    headers = {"content-type": "application/json"}
+    if declared:
+        headers["content-length"] = str(sum(map(len, padded_request(size))))
+    with httpx.Client(base_url=piper_server.http, timeout=60) as http:
+        r = http.post("/v1/audio/speech", content=padded_request(size), headers=headers)
+        assert r.status_code == 413, (r.status_code, r.headers["content-type"])
+        error = r.json()["error"]
+        assert (error["code"], error["type"]) == ("request_too_large", "invalid_request_error")
+        assert "128 KiB" in error["message"] and "4096 characters" in error["message"]
+        # The rest of the body was never read: the server says it closes, so the client
+        # does not send its next request down a connection that still carries this body.
+        assert r.headers["connection"] == "close"
+        again = http.post("/v1/audio/speech", json=SPEECH)
+        assert again.status_code == 200 and len(again.content) > 4800
+
+
+def test_the_largest_body_the_fields_allow_is_within_the_bound(piper_server):
+    """4096 characters of input, each one beyond the BMP and written as escapes, and as
+    much of instructions: read and parsed whole. The speed is wrong on purpose, so the
+    answer is about the fields (the body was parsed), without minutes of synthesis."""
+    escaped = "\\ud83d\\ude00" * openai_speech.MAX_INPUT_CHARS  # 12 bytes of JSON a character
+    body = (
+        '{"model": "gpt-4o-mini-tts", "voice": {"id": "joe"}, "response_format": "pcm", "speed": 5.0, '
+        f'"input": "{escaped}", "instructions": "{escaped}"}}'
+    ).encode()
+    assert len(orjson.loads(body)["input"]) == openai_speech.MAX_INPUT_CHARS
+    assert len(body) <= openai_speech.MAX_BODY_BYTES
+    error = _error(httpx.post(f"{piper_server.http}/v1/audio/speech", content=body, headers={"content-type": "application/json"}, timeout=60))
+    assert (error["code"], error["param"]) == ("invalid_speed", "speed")

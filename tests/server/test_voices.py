@@ -16,6 +16,7 @@ from engine.base import EngineError
 from server import voices
 from server.voices import MAX_DECODED_SAMPLES, MAX_DECODED_SECONDS, decode_audio
 from tests.engine.cosyvoice2.test_schedule import no_early_stop
+from tests.server.test_bodies import HUGE_UPLOAD, SENT_BOUND, multipart_body, send_until_answered
 from tests.server.test_openai import (  # server_log is a fixture, used by name
     assert_logged_as_ordinary,
     disconnect_records,
@@ -150,9 +151,38 @@ async def test_upload_shape_errors(cosyvoice_server):
         assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request")
         r = await http.post("/v1/voices", data={"transcript": "no file"}, files={"other": ("x", b"1")})
         assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request")
-        big = b"x" * (17 * 1024 * 1024)
-        r = await http.post("/v1/voices", content=big, headers={"content-type": "multipart/form-data; boundary=x"})
-        assert (r.status_code, r.json()["error"]["code"]) == (413, "upload_too_large")
+    # Refused by its Content-Length, unread, and the connection closed under the client's
+    # send: httpx's blocking client reads the answer then, its asyncio one cannot (the
+    # transport is torn down on the failed send).
+    big = b"x" * (17 * 1024 * 1024)
+    r = httpx.post(f"{cosyvoice_server.http}/v1/voices", content=big, headers={"content-type": "multipart/form-data; boundary=x"})
+    assert (r.status_code, r.json()["error"]["code"]) == (413, "upload_too_large") and r.headers["connection"] == "close"
+
+
+def test_a_chunked_upload_over_the_limit_is_refused_as_it_arrives(cosyvoice_server):
+    """No Content-Length to refuse it by: counted as it arrives, and refused once past
+    16 MiB, instead of spooled whole (2 GiB here) before its size is known."""
+    answer = send_until_answered(cosyvoice_server.port, "/v1/voices", "multipart/form-data; boundary=cut", multipart_body(HUGE_UPLOAD))
+    assert answer.status == 413, answer
+    assert answer.json()["error"]["code"] == "upload_too_large" and "16 MiB" in answer.json()["error"]["message"]
+    assert answer.headers.get("connection") == "close"  # the rest of it was never read
+    assert answer.sent < SENT_BOUND, answer.sent
+
+
+async def test_a_chunked_upload_within_the_limit_registers(cosyvoice_server):
+    form = httpx.Request(
+        "POST", f"{cosyvoice_server.http}/v1/voices", files={"audio": ("ref.wav", reference_wav(f0=280), "audio/wav")},
+        data={"transcript": "Hello, this is my voice.", "name": "chunked"},
+    )
+    content = form.read()
+
+    async def pieces():  # no length known in advance: sent chunked
+        for start in range(0, len(content), 4096):
+            yield content[start : start + 4096]
+
+    async with httpx.AsyncClient(timeout=120) as http:
+        r = await http.post(form.url, content=pieces(), headers={"content-type": form.headers["content-type"]})
+    assert r.status_code == 201 and r.json()["name"] == "chunked", r.text
 
 
 async def test_speaking_with_an_unregistered_voice_is_refused(cosyvoice_server):
@@ -274,6 +304,19 @@ async def test_piper_ignores_fast_start(piper_server):
 async def test_piper_cannot_clone(piper_server):
     r = await register(piper_server, reference_wav())
     assert (r.status_code, r.json()["error"]["code"]) == (501, "voice_registration_unsupported")
+    assert "connection" not in r.headers  # an upload within the limit is read and dropped: the connection stays
+
+
+def test_piper_answers_an_upload_over_the_limit_without_reading_it(piper_server):
+    """Declared over 16 MiB: 501 before a byte of it is read, and the connection closes."""
+    size = 17 * 1024 * 1024
+    answer = send_until_answered(
+        piper_server.port, "/v1/voices", "multipart/form-data; boundary=cut", multipart_body(size),
+        length=sum(map(len, multipart_body(size))),
+    )
+    assert (answer.status, answer.json()["error"]["code"]) == (501, "voice_registration_unsupported"), answer
+    assert answer.headers.get("connection") == "close"
+    assert answer.sent < size
 
 
 def test_decode_audio_reads_any_libsndfile_format_to_mono():
