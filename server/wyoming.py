@@ -11,6 +11,10 @@ This door answers, with that package's own event classes:
   the same audio events, then ``synthesize-stopped``;
 - ``ping`` with ``pong``.
 
+A client that half-closes (shuts its write side after its request, as ``nc -N`` does)
+has finished writing, not gone: what it asked for is still spoken to it, then the
+connection closes. A client that has gone is found by a write failing.
+
 Every utterance goes through the one pipeline (server/pipeline.py), so admission, the
 result cache, the metrics and the log line are the other doors'. ``WyomingDoor`` is the
 event handling without sockets (events in, events sent through a coroutine it is given);
@@ -55,6 +59,8 @@ DOOR = "wyoming"
 WIDTH = 2  # bytes per sample: 16-bit PCM, the format every Wyoming client plays
 CHANNELS = 1
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+GOODBYE_SECONDS = 5.0
+"""How long a last error event (refused, shutting down) may wait for the client to read."""
 
 Send = Callable[[Event], Awaitable[None]]
 
@@ -71,6 +77,14 @@ class Service(Protocol):
     connections: dict[object, Callable[[], Awaitable[None]]]
 
     def ready(self) -> bool: ...
+
+
+class BadField(ValueError):
+    """An event whose fields have the wrong shape: answered, and the connection goes on."""
+
+
+class Stalled(ConnectionError):
+    """The client has read nothing for the idle timeout while audio waited to be sent."""
 
 
 class BadEvent(Exception):
@@ -201,6 +215,8 @@ class WyomingDoor:
         self.last_active_at = time.monotonic()
         self.closing = asyncio.Event()
         """Set when the connection should close: a request failed, or the client is gone."""
+        self.stalled = False
+        """A send waited the idle timeout: the client reads nothing, and cannot be told."""
 
     # -- events --------------------------------------------------------------------------------
 
@@ -214,6 +230,9 @@ class WyomingDoor:
             return True
         try:
             return await self._dispatch(event)
+        except BadField as e:
+            await self.send(error("invalid_event", str(e)))
+            return True
         except (KeyError, TypeError, ValueError, AttributeError):
             # The event classes read fields as they find them; a wrong shape is the client's.
             await self.send(error("invalid_event", f"a {event.type!r} event with fields of the wrong shape"))
@@ -232,16 +251,17 @@ class WyomingDoor:
                 # Clients that stream send the whole text once more, between the chunks and
                 # synthesize-stop, for servers that do not stream: already being spoken.
                 return True
-            synthesize = Synthesize.from_event(event)
-            text = _text(synthesize.text)
+            # Read here rather than by Synthesize.from_event, which takes a voice of the
+            # wrong shape for no voice at all, and the default voice would speak unasked.
+            text, voice = _text(event.data["text"]), _voice(event.data)
             if await self._busy():
                 return True
-            return await self._open(text, synthesize.voice, synthesize.text_format, final=True)
+            return await self._open(text, voice, event.data.get("text_format"), final=True)
         elif SynthesizeStart.is_type(event.type):
-            start = SynthesizeStart.from_event(event)
+            voice = _voice(event.data)
             if await self._busy():
                 return True
-            if not await self._open("", start.voice, start.text_format, final=False):
+            if not await self._open("", voice, event.data.get("text_format"), final=False):
                 return False
             self._streaming = True
         elif SynthesizeChunk.is_type(event.type):
@@ -259,12 +279,11 @@ class WyomingDoor:
         await self.send(error("busy", "one utterance at a time on a connection; open another for more"))
         return True
 
-    async def _open(self, text: str, voice: object, text_format: object, final: bool) -> bool:
+    async def _open(self, text: str, voice: str, text_format: object, final: bool) -> bool:
         """Open an utterance and start sending it; False (after an error): close."""
         self._count += 1
         ids = {"session": self.id, "utterance": str(self._count)}
-        name = getattr(voice, "name", None)
-        settings = replace(self.settings, voice=name) if isinstance(name, str) and name else self.settings
+        settings = replace(self.settings, voice=voice) if voice else self.settings
         try:
             refusal = self._refusal(text, text_format)
             if refusal is not None:
@@ -313,6 +332,19 @@ class WyomingDoor:
             self._streaming = False
         return True
 
+    async def end_of_input(self) -> asyncio.Task[None] | None:
+        """The client has finished writing (EOF on read): the utterance in flight, to be
+        finished and sent before the connection closes; None when there is none.
+
+        A stream that never got synthesize-stop ends with the text that arrived, answered
+        as if synthesize-stop had come (audio-stop, synthesize-stopped): the client can send
+        nothing more, and it asked for that text to be spoken."""
+        if self.speech is None:
+            return None
+        if self._streaming:
+            await self._feed("", final=True)
+        return self._task
+
     # -- one utterance ---------------------------------------------------------------------------
 
     async def _stream(self, speech: Speech, streamed: bool) -> None:
@@ -335,6 +367,8 @@ class WyomingDoor:
                     self.closing.set()
         except asyncio.CancelledError:
             raise
+        except Stalled:
+            speech.end("failed", "idle_timeout")
         except Exception:
             # A send that fails means the client is gone; its utterance stops here.
             log.debug("wyoming utterance stopped: connection closed", exc_info=True)
@@ -364,6 +398,8 @@ class WyomingDoor:
 
     async def close(self, outcome: str = "disconnected", code: str | None = None) -> None:
         """The connection is ending: its utterance stops, so no computation outlives it."""
+        if self.stalled:
+            outcome, code = "failed", "idle_timeout"
         if self.speech is not None:
             await self._stop(outcome, code)
 
@@ -379,15 +415,58 @@ class WyomingDoor:
         self._streaming = False
 
     async def send(self, event: Event) -> None:
+        """Send one event; raises ``Stalled`` when the client has read nothing for the idle
+        timeout. Every send is bounded: a client that stops reading (half-closed or not)
+        would otherwise hold its connection and utterance slot for ever. The worker has
+        stopped computing for it long before (its queue is full: backpressure)."""
         # The utterance task and the event handling share the connection.
         async with self._send_lock:
-            await self._send(event)
+            if self.stalled:
+                raise Stalled("the client stopped reading")
+            idle = self.limits.idle_timeout_seconds
+            try:
+                async with asyncio.timeout(idle) as bound:
+                    await self._send(event)
+            except TimeoutError:
+                if not bound.expired():
+                    raise  # the socket's own (ETIMEDOUT): a client gone, not one not reading
+                log.info("wyoming connection %s: the client read nothing for %g s; dropping it", self.id, idle)
+                self.stalled = True
+                self.closing.set()
+                raise Stalled("the client stopped reading") from None
 
 
 def _text(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError("text must be a string")
     return value
+
+
+def _voice(data: dict[str, object]) -> str:
+    """The voice id a ``synthesize`` or ``synthesize-start`` asks for, "" for the default
+    (no ``voice``, or one without a ``name``). Raises ``BadField``: a voice of the wrong
+    shape is a mistake to be told, not a request for the default voice."""
+    voice = data.get("voice")
+    if voice is None:
+        return ""
+    if not isinstance(voice, dict):
+        example = orjson.dumps({"name": voice[:40] if isinstance(voice, str) else "a voice id from info"}).decode()
+        raise BadField(f"'voice' must be an object such as {example}, not {_kind(voice)}")
+    name = voice.get("name")
+    if name is None:
+        return ""
+    if not isinstance(name, str):
+        raise BadField(f"'voice.name' must be a voice id from info (a string), not {_kind(name)}")
+    return name
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, as a message names it."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), "null")
 
 
 # -- TCP -----------------------------------------------------------------------------------------
@@ -425,35 +504,54 @@ class WyomingHandler(AsyncEventHandler):
         try:
             await self._serve(door)
         except (ConnectionError, OSError):
-            pass  # the client went away
+            pass  # the client went away, or stopped reading (Stalled)
         finally:
             service.connections.pop(self, None)
             await door.close()
             service.admission.disconnect()
-            self.writer.close()
+            if door.stalled:
+                # A graceful close would wait for the client to read what is buffered.
+                self.writer.transport.abort()
+            else:
+                self.writer.close()
 
     async def _serve(self, door: WyomingDoor) -> None:
         max_bytes = self.service.config.limits.max_message_bytes
         closing = asyncio.ensure_future(door.closing.wait())
         receive: asyncio.Future[Event | None] | None = None
+        finishing: asyncio.Task[None] | None = None
+        """After EOF on read: the utterance still being spoken, waited for instead of events."""
         try:
             while not door.closing.is_set():
                 idle_in = door.idle_in(time.monotonic())
                 if idle_in <= 0:
                     await door.end_idle()
                     return
-                # One read outlives the idle checks: cancelling it could lose half an event.
-                receive = receive or asyncio.ensure_future(read_event(self.reader, max_bytes))
-                await asyncio.wait({receive, closing}, timeout=min(idle_in, 1.0), return_when=asyncio.FIRST_COMPLETED)
-                if not receive.done():
+                if finishing is None:
+                    # One read outlives the idle checks: cancelling it could lose half an event.
+                    receive = receive or asyncio.ensure_future(read_event(self.reader, max_bytes))
+                waiting = finishing or receive
+                assert waiting is not None
+                await asyncio.wait({waiting, closing}, timeout=min(idle_in, 1.0), return_when=asyncio.FIRST_COMPLETED)
+                if not waiting.done():
                     continue
+                if finishing is not None:
+                    return  # spoken (or ended); the client sends nothing more
+                assert receive is not None
                 try:
                     event = receive.result()
                 except BadEvent as e:
                     await door.send(error(e.code, e.message))
                     return
                 receive = None
-                if event is None or not await self.handle_event(event):
+                if event is None:
+                    # EOF is a client that has finished writing (a half-close), not one that
+                    # has gone: a reset raises from the read instead, and a client gone
+                    # without one is found when a write fails.
+                    finishing = await door.end_of_input()
+                    if finishing is None:
+                        return
+                elif not await self.handle_event(event):
                     return
         finally:
             closing.cancel()
@@ -472,7 +570,11 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _say_and_close(self, event: Event) -> None:
         try:
-            await self.write_event(event)
+            # A farewell to a client that reads nothing must not hold a shutdown.
+            async with asyncio.timeout(GOODBYE_SECONDS):
+                await self.write_event(event)
+        except TimeoutError:
+            self.writer.transport.abort()
         except (ConnectionError, OSError):
             pass
         self.writer.close()
