@@ -25,7 +25,8 @@ from server import auth, openai_speech, voices
 from server.client_files import ClientFiles
 from server.config import ServerConfig
 from server.service import Service
-from server.session import Session
+from server.session import ListenerStalled, Session
+from server.sockets import GOODBYE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,16 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
         assert service.defaults is not None
         session = Session(service.pipeline, service.defaults, service.config.limits, ws.send_text, ws.send_bytes)
 
+        async def close(code: int, reason: str) -> None:
+            # A close frame waits for the socket to take it: a client that reads nothing
+            # must not hold a drain (or this task) on it. The kernel drops it in the end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(GOODBYE_SECONDS):
+                    await ws.close(code, reason)
+
         async def shutdown() -> None:
             await session.fail_all("shutting_down", "the server is shutting down")
-            await ws.close(CLOSE_GOING_AWAY, "the server is shutting down")
+            await close(CLOSE_GOING_AWAY, "the server is shutting down")
 
         service.connections[session] = shutdown
         idle = service.config.limits.idle_timeout_seconds
@@ -80,7 +88,7 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
                 await session.end_waiting_utterances(now)
                 idle_in = session.idle_in(now)
                 if idle_in <= 0:
-                    await ws.close(CLOSE_NORMAL, f"idle for {idle:g} s")
+                    await close(CLOSE_NORMAL, f"idle for {idle:g} s")
                     break
                 # Wake when the connection or a waiting utterance would time out; while
                 # audio is being made, look again within the timeout (or a second).
@@ -99,6 +107,8 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
                 receive = asyncio.ensure_future(ws.receive())
                 data = message.get("text")
                 await session.handle(data if data is not None else message.get("bytes") or b"")
+        except ListenerStalled:
+            pass  # its utterances have ended; nothing, not even a close frame, would reach it
         except (WebSocketDisconnect, RuntimeError):
             pass  # the socket went away (RuntimeError: a send after the close)
         finally:
@@ -149,7 +159,9 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
             return openai_speech.openai_error(401, "a valid API key is required", "unauthorized")
         if service.defaults is None:
             return openai_speech.openai_error(503, "the engine is loading", "not_ready")
-        return await openai_speech.speech(request, service.pipeline, service.defaults.voice)
+        return await openai_speech.speech(
+            request, service.pipeline, service.defaults.voice, service.config.limits.stall_timeout_seconds
+        )
 
     async def metrics(request: Request) -> Response:
         body, media_type = service.metrics.render()

@@ -49,7 +49,7 @@ def serve(args: argparse.Namespace) -> int:
     # The port before the engine: a port in use is one line now, not a traceback after
     # seconds of loading. One socket for the whole server, however many workers.
     try:
-        sock = held_socket(config.host, config.port)
+        sock = held_socket(config.host, config.port, config.limits.stall_timeout_seconds)
     except OSError as e:
         print(f"voxwire: cannot listen on {config.host}:{config.port}: {e.strerror}", file=sys.stderr)
         return 2

@@ -36,6 +36,10 @@ class Limits:
         3.0, "for a client that reports playback progress: audio computed beyond what it has played "
         "before its utterance is held", low=0.5,
     )
+    max_utterance_seconds: float = _limit(
+        600.0, "audio one utterance may produce; an utterance that would speak longer ends with "
+        "utterance_too_long after this much", low=1,
+    )
     max_session_chars: int = _limit(1_000_000, "text per connection over its whole life")
     messages_per_second: float = _limit(
         100.0, "client messages per second per connection (token bucket rate)", low=0.1
@@ -44,6 +48,14 @@ class Limits:
     idle_timeout_seconds: float = _limit(
         300.0, "close a connection with no message and nothing playing after this; end an open utterance "
         "that receives no text for as long", low=0.1,
+    )
+    # 30 s: far longer than a player's buffer or a network hiccup, short enough that a few
+    # clients who stopped listening cannot hold the server's slots for long.
+    stall_timeout_seconds: float = _limit(
+        30.0, "end an utterance with listener_stalled when its listener takes no audio (the socket "
+        "accepts nothing once all audio sent could have played) or, once it reports progress, reports none "
+        "while its audio waits, for this long; longer than any playback buffer or network hiccup, short "
+        "enough that stalled clients cannot hold slots for long", low=0.5,
     )
 
     def to_dict(self) -> dict[str, object]:

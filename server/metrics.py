@@ -34,6 +34,9 @@ DOORS = ("ws", "http")
 OUTCOMES = ("done", "cancelled", "disconnected")
 """Zero-initialised per door, so a rate() sees them from the first scrape; ``failed``
 and ``refused`` appear with their codes."""
+STALL_REASONS = ("not_reading", "no_progress")
+"""Why a listener was found stalled: its socket took nothing, or, reporting playback
+progress, it reported none (server/session.py)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,14 @@ class Metrics:
             "voxwire_worker_restarts", "Inference threads replaced after a hung step, by worker process", ["worker"],
             registry=own,
         )
+        self.listeners_stalled = Counter(
+            "voxwire_listeners_stalled", "Utterances ended because their listener stopped taking audio, by door and "
+            "reason (not_reading: the socket took nothing; no_progress: no playback progress reported)",
+            ["door", "reason"], registry=own,
+        )
+        for door in DOORS:
+            for reason in STALL_REASONS:
+                self.listeners_stalled.labels(door, reason)
         self.cache_hits = Counter("voxwire_cache_hits", "Utterances served from the result cache", registry=own)
         for family in (self.step_seconds, self.engine_steps, self.batch_size, self.busy_seconds, self.restarts):
             family.labels(worker)

@@ -15,7 +15,9 @@ reads it no further). docs/protocol.md has the reference.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import secrets
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +27,7 @@ from typing import Any
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from engine.base import Engine, EngineError
 from server.audio import content_type
@@ -218,7 +220,7 @@ def wav_header(rate: int) -> bytes:
 _REFUSED_STATUS = {"overloaded": 429, "unknown_voice": 400, "no_voice": 400}
 
 
-async def speech(request: Request, pipeline: Pipeline, default_voice: str) -> Response:
+async def speech(request: Request, pipeline: Pipeline, default_voice: str, stall_seconds: float) -> Response:
     ids = {"request": secrets.token_hex(6)}
     body = Body(request, MAX_BODY_BYTES)
     # A form (curl -d), text or multipart body is not what an OpenAI client sends: say
@@ -269,25 +271,66 @@ async def speech(request: Request, pipeline: Pipeline, default_voice: str) -> Re
                 # which every HTTP client reports as an error; the log has the cause.
                 raise StreamFailed(f"{event.code}: {event.message}")
 
+    def send_within() -> float:
+        # A reader that takes the body only as it plays it leaves the buffers full while it
+        # has audio in hand: it has stalled only once all it was sent could have played.
+        now = time.monotonic()
+        heard_by = speech.received_at if speech.first_frame_at is None else (
+            speech.first_frame_at + speech.stream.samples / RATE
+        )
+        return max(now, heard_by) + stall_seconds - now
+
+    def stalled() -> None:
+        if speech.outcome is None:
+            speech.end("failed", "listener_stalled")
+            pipeline.accounting.metrics.listeners_stalled.labels(DOOR, "not_reading").inc()
+        log.info("the client took none of its audio for %g s; the response is cut", stall_seconds, extra=ids)
+
     headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}
     # However the response ends before done (the client went away, the server stops),
     # the utterance ends as disconnected: end() counts only its first call.
-    return _Stream(body(), media_type=media_type, headers=headers, on_close=lambda: speech.end("disconnected"))
+    return _Stream(
+        body(), media_type=media_type, headers=headers, on_close=lambda: speech.end("disconnected"),
+        send_within=send_within, on_stall=stalled,
+    )
 
 
 class StreamFailed(Exception):
     """An utterance failed after its body began; raised to abort the response."""
 
 
-class _Stream(StreamingResponse):
-    """A streaming response that runs ``on_close`` however it ends, cancelled included."""
+class ListenerStalled(Exception):
+    """The client took none of the body for the stall timeout; raised to abort the response."""
 
-    def __init__(self, *args: object, on_close: Callable[[], None], **kwargs: object) -> None:
+
+class _Stream(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends, cancelled included,
+    and whose every piece of body must be taken within ``send_within()`` seconds: a
+    reader that stops reading would otherwise hold its utterance's slot for ever (TCP's
+    buffers fill, and then the send waits as long as it does)."""
+
+    def __init__(
+        self, *args: object, on_close: Callable[[], None], send_within: Callable[[], float],
+        on_stall: Callable[[], None], **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._on_close = on_close
+        self._send_within = send_within
+        self._on_stall = on_stall
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded(message: Message) -> None:
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            try:
+                async with asyncio.timeout(self._send_within()):
+                    await send(message)
+            except TimeoutError:
+                self._on_stall()
+                raise ListenerStalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded)
         finally:
             self._on_close()

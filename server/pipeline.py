@@ -343,6 +343,14 @@ class Speech:
         played = min(samples, self.stream.samples) * rate // self.settings.sample_rate
         self._source.queue.pace(round(window_seconds * rate), played)
 
+    @property
+    def held_by_listener(self) -> bool:
+        """The engine has more to compute for it but waits for its listener: the queue is
+        full, or the playback window is in hand. Waiting for the producer's text is not
+        this; a cached replay computes nothing, so it is never held."""
+        source = self._source
+        return isinstance(source, Utterance) and source.queue.full() and source.runnable()
+
     def drop_queued(self) -> None:
         """A barge-in: the audio queued for the client goes, now."""
         self._source.queue.clear()

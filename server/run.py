@@ -55,7 +55,7 @@ def serve(
 ) -> None:
     service: Service = app.state.service
     limits = service.config.limits
-    sockets = sockets or [listening_socket(host, port)]
+    sockets = sockets or [listening_socket(host, port, stall_timeout_seconds=limits.stall_timeout_seconds)]
     config = uvicorn.Config(
         app, host=host, port=port, ws_max_size=limits.max_message_bytes, log_level=log_level, lifespan="on",
         timeout_graceful_shutdown=5, log_config=None,  # our handler and format (server/logs.py)

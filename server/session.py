@@ -14,13 +14,15 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from server import protocol
 from server.audio import describe
 from server.limits import Limits, TokenBucket
-from server.pipeline import AudioFrame, Done, FailedEvent, FlushedEvent, Pipeline, Refused, Speech, UtteranceRequest, Words
+from server.pipeline import (
+    AudioFrame, Done, Event, FailedEvent, FlushedEvent, Pipeline, Refused, Speech, UtteranceRequest, Words,
+)
 from server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,14 @@ ENDED_CTX_REMEMBERED = 4096
 for one is refused (ctx_finished) instead of opening a new utterance under its name."""
 
 
+class ListenerStalled(RuntimeError):
+    """The connection takes nothing: a send waited ``stall_timeout_seconds`` beyond the
+    time a player would have heard all it was sent. Every utterance on it has ended with
+    ``listener_stalled`` and its slot is free; the door must drop the connection without
+    waiting on it (no frame, a close frame included, can reach the client now). A
+    RuntimeError, as a send on a closed socket is: either way the socket is unusable."""
+
+
 @dataclass
 class Voicing:
     """One utterance of this connection: its ``ctx``, its speech and the task sending it."""
@@ -42,6 +52,21 @@ class Voicing:
     speech: Speech
     last_text_at: float
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    waiting_since: float | None = None
+    """When its task began to wait for the next event (None while it has one in hand)."""
+    progress_at: float | None = None
+    """When its client first reported playback progress, or last reported more played."""
+    played: int = 0
+
+    def quiet_listener_since(self) -> float | None:
+        """Since when a client that reports progress has reported none while the engine,
+        with more to compute, waits for it (the playback window is in hand); None while
+        that is not so. Waiting for the engine or for the producer's text never counts."""
+        if self.progress_at is None or self.waiting_since is None or not self.speech.held_by_listener:
+            return None
+        # The task waits from its last event on; the window can only become full with an
+        # event (more audio) or with the first report, so this is when the hold began.
+        return max(self.waiting_since, self.progress_at)
 
 
 class Session:
@@ -70,6 +95,8 @@ class Session:
         self.last_message_at = time.monotonic()
         self._playing_until = 0.0
         """When the client will have played every frame it was sent (monotonic clock)."""
+        self._not_reading = False
+        """A send outlasted the stall timeout: the socket takes nothing, nothing more is sent."""
 
     # -- messages -------------------------------------------------------------------------
 
@@ -89,7 +116,9 @@ class Session:
         )
 
     async def handle(self, data: str | bytes) -> None:
-        """Act on one client message. Protocol errors are answered, never raised."""
+        """Act on one client message. Protocol errors are answered, never raised;
+        ``ListenerStalled`` is, when the socket takes nothing (the door must drop it)."""
+        self._check_reading()
         self.last_message_at = time.monotonic()
         try:
             message = protocol.parse(data)
@@ -224,6 +253,9 @@ class Session:
         # Not active: a player reporting the tail of an ended utterance, or one refused
         # while its first report was on the way. Progress is advice, so it is no error.
         if voicing is not None:
+            played = min(message.played, voicing.speech.stream.samples)
+            if voicing.progress_at is None or played > voicing.played:
+                voicing.progress_at, voicing.played = time.monotonic(), played
             voicing.speech.played(message.played, self.limits.flow_window_seconds)
 
     def _shown(self, settings: StreamSettings) -> dict[str, object]:
@@ -261,7 +293,7 @@ class Session:
     async def _stream(self, voicing: Voicing) -> None:
         speech, ctx = voicing.speech, voicing.ctx
         try:
-            async for event in speech.events():
+            async for event in self._events(voicing):
                 if isinstance(event, AudioFrame):
                     await self._send(protocol.audio_frame(ctx, event.seq, event.offset, event.samples, event.data))
                     assert speech.first_frame_at is not None
@@ -282,12 +314,29 @@ class Session:
                     await self._send(protocol.error(event.code, event.message, ctx, terminal=True))
         except asyncio.CancelledError:
             raise
+        except ListenerStalled:
+            pass  # every utterance here has ended already, listener_stalled
         except Exception:
             # A send that fails means the socket is gone; the session's close cleans up.
             log.debug("utterance %s stopped: socket closed", ctx, exc_info=True)
             speech.end("disconnected")
         finally:
             self._forget(voicing)
+
+    @staticmethod
+    async def _events(voicing: Voicing) -> AsyncIterator[Event]:
+        """The utterance's events, noting while its task waits for the next one: the time
+        a listener that reports progress can be found to hold the engine back."""
+        events = voicing.speech.events()
+        while True:
+            voicing.waiting_since = time.monotonic()
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                return
+            finally:
+                voicing.waiting_since = None
+            yield event
 
     def _forget(self, voicing: Voicing) -> None:
         if self._live.get(voicing.ctx) is voicing:
@@ -327,8 +376,12 @@ class Session:
         return min(waiting) + self.limits.idle_timeout_seconds - now if waiting else math.inf
 
     async def end_waiting_utterances(self, now: float) -> None:
-        """End each streamed utterance that received no text for the idle timeout: its
-        producer has gone quiet, and it must not hold a slot for ever."""
+        """End each streamed utterance that received no text for the idle timeout (its
+        producer has gone quiet) and each whose listener stalled (below): neither must
+        hold a slot for ever. The door calls this at least once a second while any
+        utterance is active. Raises ``ListenerStalled`` once the socket takes nothing."""
+        self._check_reading()
+        await self._end_stalled_listeners(now)
         idle = self.limits.idle_timeout_seconds
         for voicing in list(self._live.values()):
             if not voicing.speech.complete and now - voicing.last_text_at >= idle:
@@ -340,16 +393,80 @@ class Session:
                     )
                 )
 
+    # -- stalled listeners ----------------------------------------------------------------------
+
+    async def _end_stalled_listeners(self, now: float) -> None:
+        """End each utterance whose client reports progress but has reported none for the
+        stall timeout while the engine waited for it (the flow window in hand): behind a
+        proxy that buffers without bound it is the only sign that nobody listens. A client
+        that stops reading altogether is caught by the send itself (``_send``)."""
+        stall = self.limits.stall_timeout_seconds
+        for voicing in list(self._live.values()):
+            since = voicing.quiet_listener_since()
+            if since is None or now - since < stall:
+                continue
+            await self._stop(voicing, "failed", "listener_stalled")
+            self._count_stall("no_progress")
+            log.info("session %s: utterance %s: no playback progress for %g s", self.id, voicing.ctx, stall)
+            await self._send(
+                protocol.error(
+                    "listener_stalled",
+                    f"utterance {voicing.ctx!r} has ended: its audio waited {stall:g} s "
+                    "(stall_timeout_seconds) with no playback progress reported",
+                    voicing.ctx, terminal=True,
+                )
+            )
+
+    def _listener_stalled(self) -> ListenerStalled:
+        """The socket took nothing for the stall timeout: every utterance on it ends now
+        (slot, computation and queued audio given back). No error can be sent through a
+        socket that takes nothing, so the utterances are counted and logged as
+        ``listener_stalled``, and the door drops the connection."""
+        self._not_reading = True
+        stall = self.limits.stall_timeout_seconds
+        current = asyncio.current_task()
+        for voicing in list(self._live.values()):
+            if voicing.speech.outcome is None:
+                voicing.speech.end("failed", "listener_stalled")
+                self._count_stall("not_reading")
+            # Not awaited: the one sending may be this very task, and nothing follows.
+            if voicing.task is not None and voicing.task is not current:
+                voicing.task.cancel()
+            voicing.speech.drop_queued()
+            self._forget(voicing)
+        log.info("session %s: the client took no audio for %g s; dropping the connection", self.id, stall)
+        return ListenerStalled(f"the client took no audio for {stall:g} s (stall_timeout_seconds)")
+
+    def _check_reading(self) -> None:
+        if self._not_reading:
+            raise ListenerStalled("the client takes no audio")
+
+    def _count_stall(self, reason: str) -> None:
+        self.pipeline.accounting.metrics.listeners_stalled.labels(DOOR, reason).inc()
+
     # -- transport ---------------------------------------------------------------------------
 
     async def _send(self, message: str | bytes) -> None:
+        """Send one frame, waiting at most the stall timeout for the socket to take it.
+        A client that stops reading fills the socket's buffers and then a send waits for
+        as long as it does (the transport's write buffer is full): unbounded, it would
+        hold this utterance, every other one on the socket and their slots for ever."""
         if self._closed:
             raise ConnectionError("session closed")
         async with self._send_lock:
-            if isinstance(message, str):
-                await self._send_text(message)
-            else:
-                await self._send_bytes(message)
+            self._check_reading()
+            now = time.monotonic()
+            # A player that reads only as it plays leaves the buffers full while it has
+            # audio in hand; it has stalled only once all it was sent could have played.
+            wait = max(now, self._playing_until) + self.limits.stall_timeout_seconds - now
+            try:
+                async with asyncio.timeout(wait):
+                    if isinstance(message, str):
+                        await self._send_text(message)
+                    else:
+                        await self._send_bytes(message)
+            except TimeoutError:
+                raise self._listener_stalled() from None
 
     async def fail_all(self, code: str, message: str) -> None:
         """Stop every utterance, telling its client why (a shutdown past its deadline)."""

@@ -51,7 +51,7 @@ from server.config import ServerConfig
 from server.limits import Admission, Limits, TokenBucket
 from server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, Speech, UtteranceRequest
 from server.protocol import StreamSettings
-from server.sockets import listening_socket
+from server.sockets import GOODBYE_SECONDS, listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,6 @@ DOOR = "wyoming"
 WIDTH = 2  # bytes per sample: 16-bit PCM, the format every Wyoming client plays
 CHANNELS = 1
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-GOODBYE_SECONDS = 5.0
-"""How long a last error event (refused, shutting down) may wait for the client to read."""
 
 Send = Callable[[Event], Awaitable[None]]
 
@@ -84,7 +82,7 @@ class BadField(ValueError):
 
 
 class Stalled(ConnectionError):
-    """The client has read nothing for the idle timeout while audio waited to be sent."""
+    """The client has read nothing for the stall timeout while audio waited to be sent."""
 
 
 class BadEvent(Exception):
@@ -368,7 +366,7 @@ class WyomingDoor:
         except asyncio.CancelledError:
             raise
         except Stalled:
-            speech.end("failed", "idle_timeout")
+            self._end_stalled(speech)
         except Exception:
             # A send that fails means the client is gone; its utterance stops here.
             log.debug("wyoming utterance stopped: connection closed", exc_info=True)
@@ -398,10 +396,15 @@ class WyomingDoor:
 
     async def close(self, outcome: str = "disconnected", code: str | None = None) -> None:
         """The connection is ending: its utterance stops, so no computation outlives it."""
-        if self.stalled:
-            outcome, code = "failed", "idle_timeout"
+        if self.stalled and self.speech is not None:
+            self._end_stalled(self.speech)
         if self.speech is not None:
             await self._stop(outcome, code)
+
+    def _end_stalled(self, speech: Speech) -> None:
+        if speech.outcome is None:
+            speech.end("failed", "listener_stalled")
+            self.pipeline.accounting.metrics.listeners_stalled.labels(DOOR, "not_reading").inc()
 
     async def _stop(self, outcome: str, code: str | None) -> None:
         speech, task = self.speech, self._task
@@ -415,7 +418,7 @@ class WyomingDoor:
         self._streaming = False
 
     async def send(self, event: Event) -> None:
-        """Send one event; raises ``Stalled`` when the client has read nothing for the idle
+        """Send one event; raises ``Stalled`` when the client has read nothing for the stall
         timeout. Every send is bounded: a client that stops reading (half-closed or not)
         would otherwise hold its connection and utterance slot for ever. The worker has
         stopped computing for it long before (its queue is full: backpressure)."""
@@ -423,14 +426,14 @@ class WyomingDoor:
         async with self._send_lock:
             if self.stalled:
                 raise Stalled("the client stopped reading")
-            idle = self.limits.idle_timeout_seconds
+            stall = self.limits.stall_timeout_seconds
             try:
-                async with asyncio.timeout(idle) as bound:
+                async with asyncio.timeout(stall) as bound:
                     await self._send(event)
             except TimeoutError:
                 if not bound.expired():
                     raise  # the socket's own (ETIMEDOUT): a client gone, not one not reading
-                log.info("wyoming connection %s: the client read nothing for %g s; dropping it", self.id, idle)
+                log.info("wyoming connection %s: the client read nothing for %g s; dropping it", self.id, stall)
                 self.stalled = True
                 self.closing.set()
                 raise Stalled("the client stopped reading") from None
@@ -643,7 +646,9 @@ def bind(service: Service) -> WyomingServer | None:
     if config.wyoming_port is None:
         return None
     host = wyoming_host(config.host, config.auth.required, config.wyoming_allow_unauthenticated)
-    sock = listening_socket(host, config.wyoming_port, reuse_port=config.workers > 1)
+    sock = listening_socket(
+        host, config.wyoming_port, reuse_port=config.workers > 1, stall_timeout_seconds=config.limits.stall_timeout_seconds
+    )
     sock.listen(config.limits.max_connections)
     sock.setblocking(False)
     log.info("Wyoming protocol on %s:%d", host, sock.getsockname()[1])

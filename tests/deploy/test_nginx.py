@@ -311,6 +311,26 @@ async def test_uploads_up_to_the_apps_limit_reach_it(nginx):
             assert r.json()["error"]["code"] == "upload_too_large"
 
 
+async def test_a_speech_request_over_the_apps_limit_gets_its_413_never_a_502(nginx):
+    """The speech route's body limit is the app's 128 KiB at nginx too: an 8 MiB body (once
+    let through by the server-wide 16m, refused unread by the app, and answered 502 by
+    nginx most of the time) gets OpenAI's 413, every time; one within it is spoken."""
+    from server.openai_speech import MAX_BODY_BYTES
+
+    padding = "x" * (8 << 20)
+    async with httpx.AsyncClient(base_url=nginx.http, timeout=60) as http:
+        for _ in range(3):
+            r = await http.post("/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": "joe", "pad": padding})
+            assert r.status_code == 413, (r.status_code, r.text[:300])
+            assert r.json()["error"]["code"] == "request_too_large"
+            assert r.json()["error"]["type"] == "invalid_request_error"
+        near = "x" * (MAX_BODY_BYTES - 1024)
+        r = await http.post("/v1/audio/speech", json={
+            "model": "tts-1", "input": "Hi.", "voice": "joe", "response_format": "pcm", "pad": near,
+        })
+        assert r.status_code == 200 and len(r.content) > 0
+
+
 # -- streamed HTTP bodies: proxy_buffering off under /v1/ ------------------------------
 
 
@@ -396,3 +416,48 @@ def test_openai_speech_streams_through_nginx(nginx):
     assert len(chunks) > 3
     audio, rate = soundfile.read(io.BytesIO(b"".join(chunks)), dtype="float32")
     assert rate == 24000 and audio.size > rate and np.sqrt(np.mean(audio**2)) > 0.01
+
+
+async def test_stalled_listeners_through_nginx_are_reclaimed(tmp_path):
+    """Behind nginx a client that stops listening is still found out (stall_timeout_seconds):
+    one that reads but never reports more progress than its first `played: 0`, one that
+    reports that and then reads nothing (the flow window holds both, so the server sees it
+    at once, whatever nginx buffers), and one that reports nothing and reads nothing
+    (found once nginx's buffers are full and the socket takes nothing). Each utterance
+    ends `listener_stalled`, and its slot serves a new client."""
+    from server.config import ServerConfig
+    from server.limits import Limits
+    from tests.conftest import run_server
+    from tests.fixtures.engines import ToneEngine
+    from tests.server.test_metrics import scrape
+    from tests.server.test_stalls import LONG, NO_PROGRESS, NOT_READING, Reader, deaf_client, message, speak, until
+
+    limits = Limits(max_utterances_total=3, stall_timeout_seconds=2.0, flow_window_seconds=1.0)
+    config = ServerConfig(limits=limits, cache_mb=0)
+    with (
+        run_server(config, engine=lambda: ToneEngine(step_delay=0.002)) as s,
+        run_nginx(SITE_CONF.read_text(), s, tmp_path) as proxy,
+    ):
+        before = scrape(s)
+        reader = await Reader.connect(proxy)
+        await reader.ws.send(speak("quiet", LONG))
+        await reader.ws.send(message(type="progress", ctx="quiet", played=0))
+        paced_deaf, deaf = await deaf_client(proxy), await deaf_client(proxy)
+        await paced_deaf.send(speak("paced", LONG))
+        await paced_deaf.send(message(type="progress", ctx="paced", played=0))
+        await deaf.send(speak("deaf", LONG))
+        await until(lambda: s.service.admission.utterances == 3, 10, "three utterances admitted")
+
+        end = await reader.ended("quiet", 30)
+        assert end["type"] == "error" and end["code"] == "listener_stalled" and end["terminal"] is True, end
+        await until(lambda: scrape(s)[NO_PROGRESS] - before[NO_PROGRESS] == 2, 30, "both paced listeners reclaimed")
+        # nginx holds megabytes for the deaf one before the server's sends block.
+        await until(lambda: s.service.admission.utterances == 0, 90, "the deaf listener reclaimed")
+        assert scrape(s)[NOT_READING] - before[NOT_READING] == 1
+
+        async with await Client.connect(proxy.ws) as client:
+            frames, done = await asyncio.wait_for((await client.speak("quick brown fox jumps.")).collect(), 30)
+        assert done["samples"] == sum(f.samples for f in frames) > 0
+        await reader.close()
+        for ws in (paced_deaf, deaf):
+            ws.transport.abort()

@@ -398,3 +398,54 @@ async def test_autoscaling_follows_held_sockets_up_and_back_down(proxy):
     async with await Client.connect(url) as client:
         frames, done = await (await client.speak("Back to one.")).collect()
         assert done["samples"] > 0
+
+
+async def test_stalled_listeners_behind_the_proxy_are_reclaimed(proxy):
+    """Ray's proxy buffers without bound, so a socket there never pushes back: only
+    playback progress shows that a listener has stopped. Two clients report `played: 0`
+    once and never again, one reading everything, one reading nothing; within the stall
+    timeout both utterances end `listener_stalled` (the reader is told), their slots and
+    computation are given back, and a new client is served."""
+    app = Voxwire.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=8).bind(
+        SETTINGS | {"stall_timeout_seconds": 2.0, "max_utterances_total": 2}, metrics_port=0,
+    )
+    serve.run(app, name="stall", route_prefix="/stall")
+    url = proxy.replace("/v1/stream", "/stall/v1/stream")
+    port = int(proxy.split(":")[2].split("/")[0])
+    deaf = socket.socket()
+    deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    deaf.connect(("127.0.0.1", port))
+    try:
+        async with websockets.connect(url) as reader:
+            silent = await websockets.connect(url, sock=deaf, max_queue=1, compression=None, ping_interval=None)
+            for ws, ctx in ((reader, "reader"), (silent, "silent")):
+                await ws.recv()
+                await ws.send(speak(ctx, LONG))
+                await ws.send(orjson.dumps({"type": "progress", "ctx": ctx, "played": 0}).decode())
+            (probe,) = (await replicas("stall", 1)).values()
+            before = scrape(probe["metrics_port"])
+            async with asyncio.timeout(120):
+                while True:
+                    raw = await reader.recv()
+                    if isinstance(raw, str) and orjson.loads(raw)["type"] in ("done", "error"):
+                        break
+            end = orjson.loads(raw)
+            assert end["code"] == "listener_stalled" and end["ctx"] == "reader" and end["terminal"] is True, end
+            for _ in range(240):
+                probes = await replicas("stall", 1)
+                if not utterances(probes):
+                    break
+                await asyncio.sleep(0.25)
+            assert not utterances(probes)  # the deaf one's too: computation and queue gone
+            stalled = scrape(probe["metrics_port"])["voxwire_listeners_stalled_total"]
+            counted = {s.labels["reason"]: s.value for s in stalled if s.labels["door"] == "ws"}
+            was = {s.labels["reason"]: s.value for s in before.get("voxwire_listeners_stalled_total", [])
+                   if s.labels["door"] == "ws"}
+            assert counted["no_progress"] - was.get("no_progress", 0) == 2
+        async with await Client.connect(url) as client:
+            frames, done = await asyncio.wait_for((await client.speak("Still serving.")).collect(), 120)
+        assert done["samples"] == sum(f.samples for f in frames) > 0
+    finally:
+        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        deaf.close()
+        serve.delete("stall")

@@ -82,3 +82,12 @@ async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(piper_se
         if scrape(piper_server)["voxwire_engine_threads"] == threads:
             break
     assert scrape(piper_server)["voxwire_engine_threads"] == threads
+
+
+async def test_stalled_listeners_are_counted_by_door_and_reason_from_the_first_scrape(tone_server):
+    """voxwire_listeners_stalled_total is there, at 0, before any listener stalls, so an
+    alert on its rate() sees the first one (tests/server/test_stalls.py counts real ones)."""
+    m = scrape(tone_server)
+    for door in ("ws", "http"):
+        for reason in ("not_reading", "no_progress"):
+            assert m[f"voxwire_listeners_stalled_total{{door={door},reason={reason}}}"] == 0

@@ -31,6 +31,18 @@ def test_connections_inherit_the_capped_send_buffer():
     listener.close()
 
 
+def test_connections_are_dropped_by_the_kernel_well_after_the_stall_timeout():
+    """A listener that takes nothing keeps, after its utterances end, a connection that a
+    graceful close waits on; TCP_USER_TIMEOUT has the kernel drop it in the end."""
+    for stall, expected_ms in ((30.0, 60_000), (45.0, 90_000)):
+        listener = listening_socket("127.0.0.1", 0, stall_timeout_seconds=stall)
+        listener.listen()
+        with listener, socket.create_connection(listener.getsockname()):
+            accepted, _ = listener.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == expected_ms
+
+
 @pytest.mark.parametrize("reuse_port", [False, True])
 def test_a_held_port_is_refused_to_every_other_socket(reuse_port):
     """The port a server holds, for itself and the workers it hands it to: not another

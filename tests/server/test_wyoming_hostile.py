@@ -25,11 +25,13 @@ from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import WORD_SECONDS
 from tests.server.test_stream import assert_speech
+from tests.server.test_metrics import scrape
 from tests.server.test_wyoming import THREE, THREE_WORDS, TONE_TEXT, Heard, assert_tones, hear, port, utterance_lines
 
 pytestmark = pytest.mark.timeout(600)  # a Piper server of its own loads on a busy 2-core machine
 
-IDLE_SECONDS = 2.0  # short, so a client that stops reading is cut off within the test
+STALLED = "voxwire_listeners_stalled_total{door=wyoming,reason=not_reading}"
+STALL_SECONDS = 2.0  # short, so a client that stops reading is cut off within the test
 # Far more audio than the socket buffers and the worker's queue hold together (~130 s
 # of tone): a client that reads none of it stalls the server's sends.
 LONG_TONE_TEXT = " ".join(["alpha", "bravo", "charlie", "delta"] * 100) + "."
@@ -46,10 +48,10 @@ def server() -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def tone() -> Iterator[RunningServer]:
-    """The scripted tone engine (each word a pitch), with a short idle timeout."""
+    """The scripted tone engine (each word a pitch), with a short stall timeout."""
     from tests.fixtures.engines import ToneEngine
 
-    limits = Limits(idle_timeout_seconds=IDLE_SECONDS, max_text_chars=5000)
+    limits = Limits(stall_timeout_seconds=STALL_SECONDS, max_text_chars=5000)
     with run_server(
         ServerConfig(cache_mb=0, limits=limits, wyoming_port=0), engine=lambda: ToneEngine(step_delay=0.02)
     ) as s:
@@ -184,7 +186,7 @@ async def test_a_half_closed_stream_speaks_all_the_text_that_arrived(tone, caplo
 
 
 @pytest.mark.parametrize("shut", [True, False], ids=["half-closed", "open"])
-async def test_a_client_that_reads_nothing_is_cut_off_after_the_idle_timeout(tone, caplog, shut):
+async def test_a_client_that_reads_nothing_is_cut_off_after_the_stall_timeout(tone, caplog, shut):
     caplog.set_level(logging.INFO, logger="voxwire.utterance")
     engine = tone.service.worker.engine
     steps_before = engine.steps
@@ -198,9 +200,11 @@ async def test_a_client_that_reads_nothing_is_cut_off_after_the_idle_timeout(ton
         if shut:
             sock.shutdown(socket.SHUT_WR)
         # Never read: the server's sends wait, then the worker's queue fills and it skips the
-        # utterance; after the idle timeout the server ends it and frees both slots.
+        # utterance; after the stall timeout the server ends it and frees both slots.
+        before = scrape(tone).get(STALLED, 0)
         await wait_for_slots(tone)
-        assert await logged(caplog, 1) == [("failed", "idle_timeout")]
+        assert await logged(caplog, 1) == [("failed", "listener_stalled")]
+        assert scrape(tone)[STALLED] == before + 1
         assert engine.steps - steps_before < LONG_TONE_WORDS  # not computed to the end for nobody
         # The connection is gone: whatever was in flight, then the end (or a reset).
         with contextlib.suppress(ConnectionError):
