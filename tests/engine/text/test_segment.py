@@ -1,5 +1,27 @@
+import pytest
+import regex
+
 from engine.text import Segmenter, normalize, segment
 from engine.text.segment import SegmenterLimits
+
+# The tests' own oracle: a mark extends the cluster of the character before it (UAX #29),
+# and no more than 30 follow one base (the Stream-Safe Text Format's bound, UAX #15).
+MARK = r"\p{M}\p{Grapheme_Cluster_Break=Extend}\p{Grapheme_Cluster_Break=SpacingMark}"
+MAX_MARKS = 30
+_CLUSTER = regex.compile(r"\X")
+_MARK = regex.compile(rf"[{MARK}]")
+
+
+def cluster_starts(text: str) -> set[int]:
+    return {m.start() for m in _CLUSTER.finditer(text)} | {len(text)}
+
+
+def boundaries(segments: list[str]) -> list[int]:
+    out, at = [], 0
+    for s in segments[:-1]:
+        at += len(s)
+        out.append(at)
+    return out
 
 
 def test_sentences_split_with_separators_kept():
@@ -68,3 +90,101 @@ def test_flush_emits_pending_text_and_keeps_the_separator():
 def test_empty_and_whitespace_only_text_gives_no_segments():
     assert segment("") == []
     assert segment("   \n\t ") == []
+
+
+@pytest.mark.parametrize("n", [400, 450, 800, 4000])
+def test_marks_piled_on_one_base_are_one_bounded_segment(n):
+    # Once 401 segments, one per mark after the first 400 characters, and minutes of audio.
+    text = "a" + "\u0301" * n
+    segs = segment(text)
+    assert segs == [normalize(text)]
+    assert len(segs[0]) == MAX_MARKS
+    assert _MARK.match(segs[0]) is None
+
+
+def test_twenty_thousand_marks_are_one_short_segment():
+    assert segment("x" + "\u0301" * 19999) == ["x" + "\u0301" * MAX_MARKS]
+
+
+def test_no_segment_starts_with_a_mark_or_is_made_of_marks():
+    for text in ["\u0301" * 500 + "abc", "Hi. \u0301\u0301 there.", "x " + "\u0301" * 450, "\u00b4" * 900]:
+        for seg in segment(text):
+            assert _MARK.match(seg) is None and _MARK.match(seg.lstrip()) is None, ascii(seg)
+
+
+def test_indic_spacing_marks_stay_with_their_consonants_across_a_forced_split():
+    # The 400th character falls inside "\u0915\u094d\u0937\u093f": the old split, which
+    # only stepped back over unicodedata.combining() marks (the virama has class 9, the
+    # vowel sign U+093F class 0), cut "\u0915\u094d|\u0937\u093f".
+    text = "xx" + "\u0915\u094d\u0937\u093f" * 250
+    segs = segment(text)
+    assert "".join(segs) == text and len(segs) > 1
+    assert all(len(s) <= 400 for s in segs)
+    assert set(boundaries(segs)) <= cluster_starts(text)
+    assert all(s.endswith("\u093f") for s in segs) and all(s.startswith("\u0915") for s in segs[1:])
+
+
+def test_emoji_keep_their_skin_tones():
+    text = "\U0001f44d\U0001f3fd" * 300
+    segs = segment(text)
+    assert "".join(segs) == text and len(segs) > 1
+    assert all(s.startswith("\U0001f44d") and s.endswith("\U0001f3fd") for s in segs)
+    assert segment("\U0001f44d" + "\U0001f3fd" * 100) == ["\U0001f44d" + "\U0001f3fd" * MAX_MARKS]
+
+
+def test_cjk_without_spaces_is_split_between_characters():
+    text = "\u4f60\u597d\u4e16\u754c" * 200
+    segs = segment(text)
+    assert [len(s) for s in segs] == [400, 400]
+    assert segment("\u4f60\u597d\u4e16\u754c\u3002" * 3) == ["\u4f60\u597d\u4e16\u754c\u3002"] * 3
+
+
+@pytest.mark.parametrize("text", ["x" * 20000, "." * 20000, "ab." * 6666, "U.S." * 5000])
+def test_long_runs_without_spaces_are_split_at_the_bound(text):
+    segs = segment(text)
+    assert "".join(segs) == text
+    assert [len(s) for s in segs[:-1]] == [400] * (len(segs) - 1)
+    assert 0 < len(segs[-1]) <= 400
+
+
+def test_abbreviations_without_end_are_split_at_the_bound():
+    segs = segment("Dr. " * 5000)
+    assert "".join(segs) == normalize("Dr. " * 5000)
+    assert len(segs) == 50 and all(len(s) <= 400 for s in segs)
+
+
+def test_a_cluster_longer_than_a_segment_is_split_inside_before_no_mark():
+    # Hangul conjoining jamo: one extended grapheme cluster of 1,000 leading consonants.
+    text = "\u1100" * 999 + "\uac00"
+    segs = segment(text)
+    assert "".join(segs) == text
+    assert all(len(s) <= 400 for s in segs)
+    # An Indic conjunct chain is one cluster too (UAX #29, GB9c); it is split before a
+    # consonant, never before a virama.
+    chain = "\u0915\u094d" * 300 + "\u0915"
+    segs = segment(chain)
+    assert "".join(segs) == chain and len(segs) > 1
+    assert all(s.startswith("\u0915") for s in segs)
+
+
+def test_a_cluster_no_longer_than_the_bound_is_kept_whole():
+    # Six characters, one cluster: with the space before it, one over the bound.
+    cluster = "\u0915\u094d\u0937\u093f\ufe0f\ufe0f"
+    segs = segment("x " + cluster * 3, SegmenterLimits(max_chars=6))
+    assert segs == ["x", " " + cluster, cluster, cluster]
+
+
+def test_no_sentence_end_before_a_mark():
+    # "\u3002" ends a sentence at once, but not before a mark that belongs to it.
+    s = Segmenter()
+    assert s.push("\u4f60\u597d\u3002") == []
+    assert s.push("\u3099\u4e16\u754c\u3002\u518d") == ["\u4f60\u597d\u3002\u3099\u4e16\u754c\u3002"]
+
+
+def test_streamed_adversarial_text_segments_as_whole():
+    for text in ["Dr. " * 600, "a" + "\u0301" * 900 + " ok. " * 100, "\u0915\u094d\u0937\u093f" * 300, "A.\u4f60" * 500]:
+        s, out = Segmenter(), []
+        for i in range(0, len(text), 7):
+            out += s.push(text[i : i + 7])
+        out += s.flush()
+        assert out == segment(text)
