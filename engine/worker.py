@@ -6,7 +6,9 @@ engine/scheduler.py picks, up to the engine's batch size, step budget and memory
 (continuous batching: newcomers join between steps, finished ones leave). Callers on the
 event loop only append text, flush or cancel, under the worker's lock; the worker alone
 touches streams, so a cancelled utterance's stream is closed on the thread that runs it,
-before its next step, while the rest of its batch carries on.
+before its next step, while the rest of its batch carries on. Text is segmented here too,
+on this thread and outside the lock: text processing, however long, never holds up the
+event loop that every connection shares.
 """
 
 from __future__ import annotations
@@ -78,10 +80,18 @@ class State(Enum):
 ENDED = frozenset({State.FINISHED, State.CANCELLED, State.FAILED})
 
 
+@dataclass(frozen=True)
+class _Text:
+    """A piece of an utterance's text as it arrived, waiting to be segmented."""
+
+    text: str
+    final: bool
+
+
 class Utterance:
     """One utterance's state, shared between its session and the worker. The session
-    feeds, flushes and cancels; the worker takes segments and steps their streams,
-    through the methods below, under the worker's lock where the two meet."""
+    feeds, flushes and cancels; the worker segments the text and steps the segments'
+    streams, through the methods below, under the worker's lock where the two meet."""
 
     def __init__(self, worker: Worker, params: SynthesisParams, queue: AudioQueue, limits: SegmenterLimits) -> None:
         self.params = params
@@ -95,7 +105,9 @@ class Utterance:
         """Its share of the steps it took part in (a step's time over its batch size)."""
         self.state = State.OPEN
         self._worker = worker
-        self._segmenter = Segmenter(limits)
+        self._segmenter = Segmenter(limits)  # only ever touched on the inference thread
+        self._inbox: deque[_Text | Flushed] = deque()
+        """What the session sent, in order, not yet segmented."""
         self._todo: deque[str | Flushed] = deque()
         self._stream: Stream | None = None
         self._admitted = False  # its stream's memory is counted against the budget
@@ -104,20 +116,18 @@ class Utterance:
     # -- called by the session, on the event loop ---------------------------------------
 
     def feed(self, text: str, final: bool = False) -> None:
-        """Add text; ``final`` says no more follows."""
+        """Add text; ``final`` says no more follows. Constant time: the inference thread
+        segments it."""
         with self._worker._cond:
-            self._todo.extend(self._segmenter.push(text))
-            if final:
-                self._todo.extend(self._segmenter.flush())
-                if self.state is State.OPEN:
-                    self.state = State.COMPLETE
+            self._inbox.append(_Text(text, final))
+            if final and self.state is State.OPEN:
+                self.state = State.COMPLETE
             self._worker._changed()
 
     def flush(self) -> None:
         """Synthesise what is buffered now, then mark the point with ``Flushed``."""
         with self._worker._cond:
-            self._todo.extend(self._segmenter.flush())
-            self._todo.append(Flushed())
+            self._inbox.append(Flushed())
             self._worker._changed()
 
     def cancel(self) -> None:
@@ -149,7 +159,7 @@ class Utterance:
 
     def runnable(self) -> bool:
         return self.state is State.COMPLETE or (
-            self.state is State.OPEN and (self._stream is not None or bool(self._todo))
+            self.state is State.OPEN and (self._stream is not None or bool(self._todo) or bool(self._inbox))
         )
 
     def backlogged(self) -> bool:
@@ -172,7 +182,31 @@ class Utterance:
         """What to do next between segments: a segment's text, a flush marker, or None
         when no segment is waiting."""
         with self._worker._cond:
+            if self._todo:
+                return self._todo.popleft()
+            arrived, self._inbox = self._inbox, deque()
+        todo = self._segment(arrived)  # outside the lock: the event loop may feed meanwhile
+        with self._worker._cond:
+            self._todo.extend(todo)
             return self._todo.popleft() if self._todo else None
+
+    def _segment(self, arrived: deque[_Text | Flushed]) -> list[str | Flushed]:
+        todo: list[str | Flushed] = []
+        for item in arrived:
+            if isinstance(item, Flushed):
+                todo.extend(self._segmenter.flush())
+                todo.append(item)
+                continue
+            todo.extend(self._segmenter.push(item.text))
+            if item.final:
+                todo.extend(self._segmenter.flush())
+        return todo
+
+    def all_spoken(self) -> bool:
+        """No more text can come and none is left to speak. Checked under the lock with
+        the state: text fed with ``final`` just after ``take`` found nothing is not lost."""
+        with self._worker._cond:
+            return self.state is State.COMPLETE and not self._inbox and not self._todo
 
     def begin_segment(self, stream: Stream) -> None:
         self.segments += 1
@@ -222,8 +256,11 @@ class Worker:
         max_batch: int | None = None,
         memory_budget: int | None = None,
         gather_seconds: float = GATHER_SECONDS,
+        max_utterance_seconds: float | None = None,
     ) -> None:
         """``max_batch`` caps the engine's own batch size (1 turns batching off);
+        ``max_utterance_seconds``: the most audio one utterance may produce (it then fails
+        with ``utterance_too_long``, after the audio up to that point);
         ``memory_budget`` (bytes) replaces the engine's own budget for its streams;
         ``gather_seconds``: how long an idle worker lets newcomers gather (GATHER_SECONDS)."""
         self.gather_seconds = gather_seconds if max_batch != 1 else 0.0
@@ -232,6 +269,7 @@ class Worker:
         """Called on this thread with each engine step's duration and batch size (a
         metrics hook)."""
         self.max_queue_seconds = max_queue_seconds
+        self.max_utterance_seconds = max_utterance_seconds
         self.segmenter_limits = segmenter_limits
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
@@ -457,7 +495,7 @@ class Worker:
             while u.state in (State.OPEN, State.COMPLETE):
                 segment = u.take()
                 if segment is None:
-                    if u.state is State.COMPLETE:  # every segment has been spoken
+                    if u.all_spoken():
                         self._end(u, State.FINISHED, Finished())
                         acted = True
                     break
@@ -553,14 +591,31 @@ class Worker:
                 u.queue.put(u.on_utterance_timeline(piece))
                 continue
             audio = np.asarray(piece, dtype=np.float32).reshape(-1)
+            left = self._samples_left(u)
+            too_long = audio.size > left
+            audio = audio[:left]
             if audio.size:
                 if u.first_audio_at is None:
                     u.first_audio_at = time.monotonic()
                 u.produced_samples += audio.size
                 u.queue.put(audio)
+            if too_long:
+                limit = self.max_utterance_seconds
+                self._end(u, State.FAILED, Failed(
+                    "utterance_too_long",
+                    f"this text would be spoken for longer than {limit:g} s, the most one utterance may last; "
+                    f"it was stopped there: send it as several utterances",
+                ))
+                return
         if step.done:
             _, freed = u.close_stream()
             self.memory_used -= freed
+
+    def _samples_left(self, u: Utterance) -> int:
+        """Samples ``u`` may still produce under ``max_utterance_seconds``."""
+        if self.max_utterance_seconds is None:
+            return np.iinfo(np.int64).max
+        return max(0, round(self.max_utterance_seconds * self.sample_rate) - u.produced_samples)
 
     def _fail(self, u: Utterance, error: Exception) -> None:
         if isinstance(error, EngineError):

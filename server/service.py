@@ -44,6 +44,7 @@ class Service:
         budget = config.engine.memory_budget_mb
         base = make_worker or (lambda: Worker(
             factory, max_queue_seconds=config.limits.max_queue_seconds, max_batch=config.engine.max_batch,
+            max_utterance_seconds=config.limits.max_utterance_seconds,
             memory_budget=None if budget is None else int(budget * 2**20),
         ))
         self.metrics = Metrics(self.snapshot, worker=os.environ.get(WORKER_INDEX_ENV, "0"))

@@ -61,7 +61,9 @@ class RunningServer(Loopback):
 def run_server(config: ServerConfig, engine: Callable[[], Engine] | None = None) -> Iterator[RunningServer]:
     """A real uvicorn server on 127.0.0.1, in a thread of the test process, so tests can
     read the worker's counters while talking to it over real sockets."""
-    make_worker = (lambda: Worker(engine, max_queue_seconds=config.limits.max_queue_seconds)) if engine else None
+    make_worker = (lambda: Worker(
+        engine, max_queue_seconds=config.limits.max_queue_seconds, max_utterance_seconds=config.limits.max_utterance_seconds,
+    )) if engine else None
     app = create_app(config, make_worker)
     # The socket the server makes for itself (server/run.py), with its capped send buffer.
     sock = listening_socket("127.0.0.1", 0)

@@ -20,6 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 LRELU_SLOPE = 0.1
+MAX_PHONEME_SECONDS = 2.0
+"""The longest one phoneme is spoken, at speed 1 (it scales with the length scale). The
+duration predictor's own outputs stay far below (a long pause is about half a second);
+the bound makes a text's speech at most this many seconds per phoneme, whatever it holds."""
 
 
 @dataclass
@@ -649,6 +653,9 @@ class Vits(nn.Module):
         logw = self.dp.reverse(x, x_mask, to_cl(noise) * noise_w)
         scales = torch.tensor(length_scales, device=self.device)[:, None]
         durations = torch.ceil(torch.exp(logw).flatten(1) * x_mask.flatten(1) * scales).long()
+        # However odd the input, speech stays proportional to its phonemes.
+        longest = torch.ceil(MAX_PHONEME_SECONDS * self.sample_rate / self.hop_length * scales).long()
+        durations = torch.minimum(durations, longest)
 
         # Length regulation: frame f belongs to the phoneme whose cumulative duration
         # first exceeds f. A gather instead of VITS's [F, T] path matrix and matmul.

@@ -1,12 +1,16 @@
 """The worker thread: streaming, scheduling, backpressure, cancellation, failures."""
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
 
+from engine import worker as worker_module
 from engine.base import SynthesisParams
 from engine.audio_queue import Failed, Finished
+from engine.text.segment import Segmenter
 from engine.worker import Worker
 from tests.fixtures.waiting import drain, wait_until
 from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitches, word_pitch
@@ -122,3 +126,66 @@ async def test_new_utterance_gets_first_audio_before_a_long_one_continues(engine
     assert long.outcome is None
     long.cancel()
     reader.cancel()
+
+
+async def test_text_is_segmented_off_the_event_loop_which_keeps_turning(worker, engine, monkeypatch):
+    """Text work of the text's size never runs on the event loop every connection shares:
+    ``feed`` only hands the text over, and the inference thread segments it. A ticker on
+    the loop counts its turns while a worst-case text (20,000 characters of abbreviations,
+    once 21 s of segmenting on the loop) is segmented."""
+    loop_thread = threading.get_ident()
+    ticks = 0
+    seen: list[tuple[int, int]] = []  # (thread, loop turns while it segmented)
+
+    class Watched(Segmenter):
+        def push(self, text: str) -> list[str]:
+            start = ticks
+            # Segmenting takes as long as the loop needs for a few turns (bounded, so a
+            # segmenter on the loop's own thread shows as 0 turns instead of a hang).
+            for _ in range(200):
+                if ticks >= start + 5:
+                    break
+                time.sleep(0.005)
+            segments = super().push(text)
+            seen.append((threading.get_ident(), ticks - start))
+            return segments
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(worker_module, "Segmenter", Watched)
+    counting = asyncio.create_task(ticker())
+    try:
+        u = worker.submit(TONE, asyncio.get_running_loop())
+        u.feed("Dr. " * 5000, final=True)
+        await wait_until(lambda: bool(seen) and bool(engine.segments))
+        u.cancel()
+        await wait_until(lambda: u.generator_closed)
+    finally:
+        counting.cancel()
+    (thread, turns), = seen
+    assert thread != loop_thread
+    assert turns >= 5
+    assert engine.segments[0].startswith("Dr. Dr.") and len(engine.segments[0]) <= 400
+
+
+async def test_an_utterance_past_the_ceiling_ends_with_utterance_too_long(engine):
+    w = Worker(lambda: engine, warmup=False, max_utterance_seconds=1.0).start()
+    w.wait_ready(10)
+    try:
+        loop = asyncio.get_running_loop()
+        long, short = w.submit(TONE, loop), w.submit(TONE, loop)
+        long.feed("la " * 39 + "la.", final=True)  # 4 s of tone
+        short.feed("la " * 8 + "la.", final=True)  # 0.9 s: under the ceiling
+        audio, end = await drain(long)
+        assert isinstance(end, Failed) and end.code == "utterance_too_long"
+        assert "1 s" in end.message
+        assert audio.size == RATE  # exactly the ceiling's audio was delivered
+        assert long.generator_closed
+        audio, end = await drain(short)
+        assert isinstance(end, Finished) and audio.size == 9 * int(RATE * WORD_SECONDS)
+    finally:
+        w.stop()
