@@ -97,6 +97,16 @@ def piper_server() -> Iterator[RunningServer]:
         yield s
 
 
+@pytest.fixture(scope="session")
+def piper_wyoming_server() -> Iterator[RunningServer]:
+    """The real embedded engine with the Wyoming door on a free port too."""
+    # A step timeout well above the default: on a loaded 2-core machine one Piper step of
+    # a long sentence has taken over 30 s, and a replaced worker is not what is tested.
+    config = ServerConfig(engine=EngineOptions(name="piper"), cache_mb=0, wyoming_port=0, step_timeout=300)
+    with run_server(config) as s:
+        yield s
+
+
 @pytest.fixture
 def tone_server() -> Iterator[RunningServer]:
     """A server around the scripted tone engine, with small limits to run into."""

@@ -15,7 +15,6 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.tts import Synthesize
 
-from engine.registry import EngineOptions
 from server.config import ServerConfig
 from server.limits import Limits
 from tests.conftest import RunningServer, run_server
@@ -37,11 +36,9 @@ HOSTILE = {
 }
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    config = ServerConfig(engine=EngineOptions(name="piper"), cache_mb=0, wyoming_port=0, step_timeout=300)
-    with run_server(config) as s:
-        yield s
+@pytest.fixture
+def server(piper_wyoming_server: RunningServer) -> RunningServer:
+    return piper_wyoming_server
 
 
 def underruns(frames: list[Audio]) -> list[float]:

@@ -20,7 +20,6 @@ from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
-from engine.registry import EngineOptions
 from server import config_loader
 from server.config import AuthConfig, ServerConfig
 from server.limits import Limits
@@ -39,14 +38,9 @@ THREE = "Speech starts at once. The rest is on its way. Nobody waits."
 THREE_WORDS = 12
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    """The real Piper engine, with the Wyoming door on a free port."""
-    # A step timeout well above the default: on a loaded 2-core machine one Piper step of
-    # the long sentence has taken over 30 s, and a replaced worker is not what is tested.
-    config = ServerConfig(engine=EngineOptions(name="piper"), cache_mb=0, wyoming_port=0, step_timeout=300)
-    with run_server(config) as s:
-        yield s
+@pytest.fixture
+def server(piper_wyoming_server: RunningServer) -> RunningServer:
+    return piper_wyoming_server
 
 
 @pytest.fixture(scope="module")

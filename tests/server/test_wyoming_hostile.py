@@ -18,7 +18,6 @@ from wyoming.error import Error
 from wyoming.event import Event, async_read_event, write_event
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from engine.registry import EngineOptions
 from server.config import ServerConfig
 from server.limits import Limits
 from tests.conftest import RunningServer, run_server
@@ -38,12 +37,9 @@ LONG_TONE_TEXT = " ".join(["alpha", "bravo", "charlie", "delta"] * 100) + "."
 LONG_TONE_WORDS = 400
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    """The real Piper engine, with the Wyoming door on a free port."""
-    config = ServerConfig(engine=EngineOptions(name="piper"), cache_mb=0, wyoming_port=0, step_timeout=300)
-    with run_server(config) as s:
-        yield s
+@pytest.fixture
+def server(piper_wyoming_server: RunningServer) -> RunningServer:
+    return piper_wyoming_server
 
 
 @pytest.fixture(scope="module")
