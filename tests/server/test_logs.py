@@ -280,16 +280,21 @@ def test_configure_logging_puts_the_filter_on_the_handler_every_logger_reaches(c
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     names = ("uvicorn", "uvicorn.error", "uvicorn.access")
-    uvicorn_saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate) for n in names}
+    loggers = [logging.getLogger(n) for n in names]
+    # Servers started earlier in the run (uvicorn.Config(log_level=...)) set their levels.
+    uvicorn_saved = [(lg.handlers[:], lg.propagate, lg.level, lg.disabled) for lg in loggers]
     try:
+        for lg in loggers:
+            lg.setLevel(logging.NOTSET)
+            lg.disabled = False
         configure_logging("info", "json")
         path = f"/v1/voices?token={GOOD_KEY}"
         logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "c", "GET", path, "1.1", 200)
     finally:
         root.handlers[:], level = saved
         root.setLevel(level)
-        for name, (handlers, propagate) in uvicorn_saved.items():
-            logging.getLogger(name).handlers[:] = handlers
-            logging.getLogger(name).propagate = propagate
+        for lg, (handlers, propagate, level, disabled) in zip(loggers, uvicorn_saved):
+            lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
+            lg.setLevel(level)
     err = capsys.readouterr().err
     assert GOOD_KEY not in err and "?token=[redacted] HTTP/1.1" in err
