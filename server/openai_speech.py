@@ -281,9 +281,7 @@ async def speech(request: Request, pipeline: Pipeline, default_voice: str, stall
         return max(now, heard_by) + stall_seconds - now
 
     def stalled() -> None:
-        if speech.outcome is None:
-            speech.end("failed", "listener_stalled")
-            pipeline.accounting.metrics.listeners_stalled.labels(DOOR, "not_reading").inc()
+        speech.end_stalled("not_reading")
         log.info("the client took none of its audio for %g s; the response is cut", stall_seconds, extra=ids)
 
     headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}

@@ -355,6 +355,14 @@ class Speech:
         """A barge-in: the audio queued for the client goes, now."""
         self._source.queue.clear()
 
+    def end_stalled(self, reason: str) -> None:
+        """Its listener stopped taking its audio (``reason``: ``not_reading``, its socket
+        took nothing; ``no_progress``, it reported no playback): it ends ``listener_stalled``,
+        counted by door and reason. Only the first end counts, as for ``end``."""
+        if self.outcome is None:
+            self.end("failed", "listener_stalled")
+            self._pipeline.accounting.metrics.listeners_stalled.labels(self.request.door, reason).inc()
+
     def end(self, outcome: str, code: str | None = None) -> None:
         """The utterance is over (``done``, ``cancelled``, ``disconnected`` or ``failed``
         with its code): stop the worker's side, give back the slot, keep a finished

@@ -405,8 +405,8 @@ class Session:
             since = voicing.quiet_listener_since()
             if since is None or now - since < stall:
                 continue
+            voicing.speech.end_stalled("no_progress")
             await self._stop(voicing, "failed", "listener_stalled")
-            self._count_stall("no_progress")
             log.info("session %s: utterance %s: no playback progress for %g s", self.id, voicing.ctx, stall)
             await self._send(
                 protocol.error(
@@ -426,9 +426,7 @@ class Session:
         stall = self.limits.stall_timeout_seconds
         current = asyncio.current_task()
         for voicing in list(self._live.values()):
-            if voicing.speech.outcome is None:
-                voicing.speech.end("failed", "listener_stalled")
-                self._count_stall("not_reading")
+            voicing.speech.end_stalled("not_reading")
             # Not awaited: the one sending may be this very task, and nothing follows.
             if voicing.task is not None and voicing.task is not current:
                 voicing.task.cancel()
@@ -440,9 +438,6 @@ class Session:
     def _check_reading(self) -> None:
         if self._not_reading:
             raise ListenerStalled("the client takes no audio")
-
-    def _count_stall(self, reason: str) -> None:
-        self.pipeline.accounting.metrics.listeners_stalled.labels(DOOR, reason).inc()
 
     # -- transport ---------------------------------------------------------------------------
 

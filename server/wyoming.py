@@ -366,7 +366,7 @@ class WyomingDoor:
         except asyncio.CancelledError:
             raise
         except Stalled:
-            self._end_stalled(speech)
+            speech.end_stalled("not_reading")
         except Exception:
             # A send that fails means the client is gone; its utterance stops here.
             log.debug("wyoming utterance stopped: connection closed", exc_info=True)
@@ -397,14 +397,9 @@ class WyomingDoor:
     async def close(self, outcome: str = "disconnected", code: str | None = None) -> None:
         """The connection is ending: its utterance stops, so no computation outlives it."""
         if self.stalled and self.speech is not None:
-            self._end_stalled(self.speech)
+            self.speech.end_stalled("not_reading")
         if self.speech is not None:
             await self._stop(outcome, code)
-
-    def _end_stalled(self, speech: Speech) -> None:
-        if speech.outcome is None:
-            speech.end("failed", "listener_stalled")
-            self.pipeline.accounting.metrics.listeners_stalled.labels(DOOR, "not_reading").inc()
 
     async def _stop(self, outcome: str, code: str | None) -> None:
         speech, task = self.speech, self._task

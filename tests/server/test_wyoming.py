@@ -43,15 +43,20 @@ def server(piper_wyoming_server: RunningServer) -> RunningServer:
     return piper_wyoming_server
 
 
-@pytest.fixture(scope="module")
-def tone() -> Iterator[RunningServer]:
-    """The scripted tone engine (each word a pitch), with small limits to run into."""
+@contextlib.contextmanager
+def tone_server(limits: Limits) -> Iterator[RunningServer]:
+    """The scripted tone engine (each word a pitch) with the Wyoming door, under ``limits``."""
     from tests.fixtures.engines import ToneEngine
 
-    limits = Limits(idle_timeout_seconds=IDLE_SECONDS, max_message_bytes=MAX_EVENT_BYTES, max_text_chars=300)
-    with run_server(
-        ServerConfig(cache_mb=0, limits=limits, wyoming_port=0), engine=lambda: ToneEngine(step_delay=0.02)
-    ) as s:
+    config = ServerConfig(cache_mb=0, limits=limits, wyoming_port=0)
+    with run_server(config, engine=lambda: ToneEngine(step_delay=0.02)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tone() -> Iterator[RunningServer]:
+    """Small limits to run into."""
+    with tone_server(Limits(idle_timeout_seconds=IDLE_SECONDS, max_message_bytes=MAX_EVENT_BYTES, max_text_chars=300)) as s:
         yield s
 
 
@@ -77,18 +82,22 @@ class Heard:
         pcm = b"".join(c.audio for c in self.chunks)
         return np.frombuffer(pcm, "<i2").astype(np.float32) / 32767
 
+    def take(self, event: Event) -> None:
+        """Note one event of a reply, which must not be an error."""
+        self.types.append(event.type)
+        assert not Error.is_type(event.type), Error.from_event(event)
+        if AudioStart.is_type(event.type):
+            self.start = AudioStart.from_event(event)
+        elif AudioChunk.is_type(event.type):
+            self.chunks.append(AudioChunk.from_event(event))
+
 
 async def hear(client: AsyncTcpClient, until: str = AudioStop().event().type) -> Heard:
     """Every event up to and including ``until``."""
     heard = Heard()
     while True:
         event = await read(client)
-        heard.types.append(event.type)
-        assert not Error.is_type(event.type), Error.from_event(event)
-        if AudioStart.is_type(event.type):
-            heard.start = AudioStart.from_event(event)
-        elif AudioChunk.is_type(event.type):
-            heard.chunks.append(AudioChunk.from_event(event))
+        heard.take(event)
         if event.type == until:
             return heard
 

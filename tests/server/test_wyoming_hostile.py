@@ -12,20 +12,21 @@ import struct
 from collections.abc import Iterator
 
 import pytest
-from wyoming.audio import AudioChunk, AudioStart
+from wyoming.audio import AudioChunk
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event, async_read_event, write_event
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from server.config import ServerConfig
 from server.limits import Limits
-from tests.conftest import RunningServer, run_server
+from tests.conftest import RunningServer
 from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import WORD_SECONDS
 from tests.server.test_stream import assert_speech
 from tests.server.test_metrics import scrape
-from tests.server.test_wyoming import THREE, THREE_WORDS, TONE_TEXT, Heard, assert_tones, hear, port, utterance_lines
+from tests.server.test_wyoming import (
+    THREE, THREE_WORDS, TONE_TEXT, Heard, assert_tones, hear, port, tone_server, utterance_lines,
+)
 
 pytestmark = pytest.mark.timeout(600)  # a Piper server of its own loads on a busy 2-core machine
 
@@ -44,13 +45,8 @@ def server(piper_wyoming_server: RunningServer) -> RunningServer:
 
 @pytest.fixture(scope="module")
 def tone() -> Iterator[RunningServer]:
-    """The scripted tone engine (each word a pitch), with a short stall timeout."""
-    from tests.fixtures.engines import ToneEngine
-
-    limits = Limits(stall_timeout_seconds=STALL_SECONDS, max_text_chars=5000)
-    with run_server(
-        ServerConfig(cache_mb=0, limits=limits, wyoming_port=0), engine=lambda: ToneEngine(step_delay=0.02)
-    ) as s:
+    """A short stall timeout."""
+    with tone_server(Limits(stall_timeout_seconds=STALL_SECONDS, max_text_chars=5000)) as s:
         yield s
 
 
@@ -81,12 +77,7 @@ async def half_closed(server: RunningServer, *events: Event) -> list[Event]:
 def heard_from(events: list[Event]) -> Heard:
     heard = Heard()
     for event in events:
-        heard.types.append(event.type)
-        assert not Error.is_type(event.type), Error.from_event(event)
-        if AudioStart.is_type(event.type):
-            heard.start = AudioStart.from_event(event)
-        elif AudioChunk.is_type(event.type):
-            heard.chunks.append(AudioChunk.from_event(event))
+        heard.take(event)
     return heard
 
 
