@@ -16,10 +16,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import numpy as np
 import orjson
 import websockets
+from voxwire_client.formats import to_float32
 
 from benchmarks.playback import simulate
+
+
+@dataclass
+class Heard:
+    """What a listener received, for the quality harness: the audio decoded to mono
+    float32 at the stream's rate, and where the pieces it arrived in join."""
+
+    audio: np.ndarray
+    rate: int
+    joins: list[int] = field(default_factory=list)
+    """Sample positions at which consecutive pieces (frames, chunks) meet; empty where the
+    protocol delivers no pieces of its own (an HTTP body's reads are the network's)."""
+
+    @staticmethod
+    def of_pieces(pieces: list[np.ndarray], rate: int) -> Heard:
+        audio = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)
+        return Heard(audio, rate, joins_of([p.size for p in pieces], audio.size))
+
+
+def joins_of(sizes: list[int], total: int) -> list[int]:
+    """Where pieces of these sizes meet, within ``total`` samples of decoded audio."""
+    return [j for j in itertools.accumulate(sizes[:-1]) if 0 < j < total]
 
 
 @dataclass
@@ -44,6 +68,8 @@ class UtteranceResult:
     server: dict[str, Any] = field(default_factory=dict)
     """The server's own ``done`` figures."""
     error: str | None = None
+    heard: Heard | None = None
+    """The audio itself, when the session was asked to keep it."""
 
     @property
     def rtf(self) -> float:
@@ -55,13 +81,18 @@ _ids = itertools.count()
 
 
 async def speak(
-    ws: Any, text: str, settings: dict[str, Any], start_ms: float = 100.0, timeout_s: float = 120.0
+    ws: Any, text: str, settings: dict[str, Any], start_ms: float = 100.0, timeout_s: float = 120.0,
+    keep_audio: bool = False,
 ) -> UtteranceResult:
-    """Speak one text on an open connection and measure it."""
+    """Speak one text on an open connection and measure it; with ``keep_audio``, the
+    result also holds the audio and its frame joins (``heard``)."""
     ctx = f"b{next(_ids)}"
     result = UtteranceResult(words=len(text.split()))
     arrivals: list[float] = []
     durations: list[float] = []
+    kept: list[bytes] = []
+    sizes: list[int] = []
+    fmt = settings.get("format", "pcm_s16le")
     rate = settings.get("sample_rate", 0)
     sent = time.perf_counter()
     await ws.send(orjson.dumps({"type": "speak", "ctx": ctx, "text": text, **settings}).decode())
@@ -74,12 +105,15 @@ async def speak(
                 continue
             arrivals.append(now)
             durations.append(frame["samples"] / rate)
+            if keep_audio:
+                kept.append(frame["audio"])
+                sizes.append(frame["samples"])
             continue
         event = orjson.loads(raw)
         if event.get("ctx") != ctx:
             continue
         if event["type"] == "started":
-            rate = event["sample_rate"]
+            rate, fmt = event["sample_rate"], event.get("format", fmt)
         elif event["type"] == "done":
             result.total_ms = now * 1000
             result.server = event
@@ -88,7 +122,19 @@ async def speak(
             result.error = event["code"]
             result.total_ms = now * 1000
             return result
+    if keep_audio:
+        result.heard = _frames_heard(kept, sizes, fmt, rate)
     return finish(result, arrivals, durations, start_ms)
+
+
+def _frames_heard(kept: list[bytes], sizes: list[int], fmt: str, rate: int) -> Heard:
+    """Protocol-v1 frames as heard: a compressed stream is decoded whole (its frames'
+    bytes alone are not decodable), and the joins are where each frame's samples end.
+    A decoder that gives more samples than the frames said (MP3's and AAC's priming and
+    padding, which a raw stream does not tell it to drop) leaves the joins unplaceable:
+    there are none, rather than joins at the wrong places."""
+    audio = to_float32(b"".join(kept), fmt)
+    return Heard(audio, rate, joins_of(sizes, audio.size) if audio.size == sum(sizes) else [])
 
 
 def finish(

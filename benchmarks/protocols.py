@@ -24,9 +24,11 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
+from voxwire_client.formats import decoded_to_float32
 
 from benchmarks import loadgen
-from benchmarks.loadgen import UtteranceResult
+from benchmarks.loadgen import Heard, UtteranceResult
 
 KINDS = ("v1", "openai", "wyoming", "piper_http")
 OPENAI_RATE = 24000  # OpenAI's pcm: 24 kHz, 16-bit mono, little-endian
@@ -63,7 +65,8 @@ def kind_of(url: str) -> str:
 
 
 class Session(Protocol):
-    """One listener's client: it speaks one text after another."""
+    """One listener's client: it speaks one text after another. A session made with
+    ``keep_audio`` also returns what it heard (``UtteranceResult.heard``)."""
 
     async def speak(self, text: str) -> UtteranceResult: ...
 
@@ -83,8 +86,9 @@ def _error_name(e: BaseException) -> str:
 class V1Session:
     """Protocol v1: one WebSocket for the listener, reopened after a failure."""
 
-    def __init__(self, url: str, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, settings: dict[str, Any] | None = None, keep_audio: bool = False) -> None:
         self.url, self.settings, self.ws = url, settings or {}, None
+        self.keep_audio = keep_audio
 
     async def speak(self, text: str) -> UtteranceResult:
         sent = time.perf_counter()
@@ -92,7 +96,8 @@ class V1Session:
             if self.ws is None:
                 self.ws = await loadgen.connect(self.url, None)
             opened_ms = (time.perf_counter() - sent) * 1000
-            result = await loadgen.speak(self.ws, text, self.settings, timeout_s=TIMEOUT_S)
+            result = await loadgen.speak(self.ws, text, self.settings, timeout_s=TIMEOUT_S,
+                                         keep_audio=self.keep_audio)
         except Exception as e:  # a closed socket, a timeout: an error, never a figure
             await self.close()
             return _failed(text, _error_name(e), sent)
@@ -110,9 +115,14 @@ class V1Session:
             await ws.close()
 
 
+def _pcm16(data: bytes) -> np.ndarray:
+    return np.frombuffer(data[: len(data) // 2 * 2], "<i2").astype(np.float32) / 32767.0
+
+
 class _HttpSession:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, keep_audio: bool = False) -> None:
         self.url = url
+        self.keep_audio = keep_audio
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT_S, connect=10.0))
 
     async def close(self) -> None:
@@ -124,15 +134,16 @@ class OpenAISession(_HttpSession):
     byte, the first decodable audio (after a WAV header; for mp3, the first decoded frame)
     and the last byte."""
 
-    def __init__(self, url: str, fmt: str = "pcm") -> None:
-        super().__init__(url)
+    def __init__(self, url: str, fmt: str = "pcm", keep_audio: bool = False) -> None:
+        super().__init__(url, keep_audio)
         if fmt not in ("pcm", "wav", "mp3"):
             raise ValueError(f"response format {fmt!r}: pcm, wav or mp3")
         self.fmt = fmt
 
     async def speak(self, text: str) -> UtteranceResult:
         body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": self.fmt}
-        decoder = _Mp3Decoder() if self.fmt == "mp3" else None
+        decoder = _Mp3Decoder(self.keep_audio) if self.fmt == "mp3" else None
+        pcm: list[bytes] = []
         arrivals: list[float] = []
         durations: list[float] = []
         first_byte = float("nan")
@@ -163,6 +174,8 @@ class OpenAISession(_HttpSession):
                         if len(chunk) % 2:
                             chunk, odd = chunk[:-1], chunk[-1:]
                         seconds = len(chunk) / 2 / OPENAI_RATE
+                        if self.keep_audio:
+                            pcm.append(chunk)
                     if seconds > 0:
                         arrivals.append(now)
                         durations.append(seconds)
@@ -173,6 +186,9 @@ class OpenAISession(_HttpSession):
         result.total_ms = (time.perf_counter() - sent) * 1000
         if cached is not None:
             result.server["cached"] = cached == "1"
+        if self.keep_audio:
+            # An HTTP body's reads are cut by the network, not by the server: no joins.
+            result.heard = decoder.heard() if decoder is not None else Heard(_pcm16(b"".join(pcm)), OPENAI_RATE)
         undecoded = decoder is not None and not decoder.decodes and first_byte == first_byte
         if undecoded:
             # No PyAV here: the earliest a client could play is the first byte.
@@ -184,15 +200,16 @@ class OpenAISession(_HttpSession):
 class PiperHttpSession(_HttpSession):
     """Piper's own HTTP server: the whole text is synthesised, then one WAV is sent."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, keep_audio: bool = False) -> None:
         parts = urlsplit(url)
-        super().__init__(url if parts.path.strip("/") else url.rstrip("/") + "/synthesize")
+        super().__init__(url if parts.path.strip("/") else url.rstrip("/") + "/synthesize", keep_audio)
 
     async def speak(self, text: str) -> UtteranceResult:
         arrivals: list[float] = []
         durations: list[float] = []
         first_byte = float("nan")
         skip, rate = WAV_HEADER, 22050
+        body: list[bytes] = []
         sent = time.perf_counter()
         try:
             async with self.http.stream("POST", self.url, json={"text": text}) as r:
@@ -212,11 +229,15 @@ class PiperHttpSession(_HttpSession):
                     if chunk:
                         arrivals.append(now)
                         durations.append(len(chunk) / 2 / rate)
+                        if self.keep_audio:
+                            body.append(chunk)
         except Exception as e:
             return _failed(text, _error_name(e), sent)
         result = loadgen.finish(UtteranceResult(words=len(text.split())), arrivals, durations)
         result.first_byte_ms = first_byte
         result.total_ms = (time.perf_counter() - sent) * 1000
+        if self.keep_audio:
+            result.heard = Heard(_pcm16(b"".join(body)), rate)
         return result if arrivals else _no_audio(result)
 
 
@@ -225,10 +246,11 @@ class WyomingSession:
     streams the text (``synthesize-start/chunk/stop``) when the server's ``describe``
     says it can, else sends one ``synthesize``."""
 
-    def __init__(self, url: str, streaming: bool, voice: str | None = None) -> None:
+    def __init__(self, url: str, streaming: bool, voice: str | None = None, keep_audio: bool = False) -> None:
         parts = urlsplit(url)
         self.host, self.port, self.streaming = parts.hostname or "127.0.0.1", parts.port or 10200, streaming
         self.voice = voice
+        self.keep_audio = keep_audio
 
     async def speak(self, text: str) -> UtteranceResult:
         from wyoming.audio import AudioChunk, AudioStop
@@ -240,6 +262,8 @@ class WyomingSession:
 
         arrivals: list[float] = []
         durations: list[float] = []
+        pieces: list[np.ndarray] = []
+        rate = 0
         sent = time.perf_counter()
         try:
             async with AsyncTcpClient(self.host, self.port) as client:
@@ -262,6 +286,12 @@ class WyomingSession:
                         if chunk.audio:
                             arrivals.append(now)
                             durations.append(len(chunk.audio) / (chunk.width * chunk.channels) / chunk.rate)
+                            if self.keep_audio:
+                                if chunk.width != 2 or chunk.channels != 1:
+                                    raise ValueError(f"{chunk.width * 8}-bit, {chunk.channels}-channel audio: "
+                                                     "only 16-bit mono is kept")
+                                pieces.append(_pcm16(chunk.audio))
+                                rate = chunk.rate
                     elif self.streaming and SynthesizeStopped.is_type(event.type):
                         break
                     elif not self.streaming and AudioStop.is_type(event.type):
@@ -270,6 +300,8 @@ class WyomingSession:
             return _failed(text, _error_name(e), sent)
         result = loadgen.finish(UtteranceResult(words=len(text.split())), arrivals, durations)
         result.total_ms = (time.perf_counter() - sent) * 1000
+        if self.keep_audio:
+            result.heard = Heard.of_pieces(pieces, rate)
         return result if arrivals else _no_audio(result)
 
     async def close(self) -> None:
@@ -324,35 +356,48 @@ class Opener:
             out["streaming"] = self._streaming
         return out
 
-    def session(self) -> Session:
+    def session(self, keep_audio: bool = False) -> Session:
         kind, url = self.target.kind, self.target.url
         if kind == "v1":
-            return V1Session(url)
+            return V1Session(url, keep_audio=keep_audio)
         if kind == "openai":
-            return OpenAISession(url, self.target.fmt)
+            return OpenAISession(url, self.target.fmt, keep_audio)
         if kind == "wyoming":
-            return WyomingSession(url, bool(self._streaming))
-        return PiperHttpSession(url)
+            return WyomingSession(url, bool(self._streaming), keep_audio=keep_audio)
+        return PiperHttpSession(url, keep_audio)
 
 
 class _Mp3Decoder:
     """Decodes an mp3 body as it arrives with PyAV, when PyAV is installed, so that "first
     audio" is the first decodable frame rather than the first byte."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
+        self.keep = keep
+        self.decoded: list[np.ndarray] = []
+        self.rate = 0
         try:
             import av  # noqa: F401
         except ImportError:
+            if keep:
+                raise RuntimeError("keeping mp3 audio needs PyAV") from None
             self.decodes = False
             return
         self.decodes = True
         self.codec = av.CodecContext.create("mp3", "r")
 
-    def feed(self, data: bytes) -> float:
+    def feed(self, data: bytes | None) -> float:
+        """Seconds of audio decoded from ``data``; None: the body has ended."""
         if not self.decodes:
             return 0.0
-        seconds = 0.0
-        for packet in self.codec.parse(data):
-            for frame in self.codec.decode(packet):
-                seconds += frame.samples / frame.sample_rate
-        return seconds
+        frames = [f for packet in self.codec.parse(data) for f in self.codec.decode(packet)]
+        if data is None:  # the parser and the decoder hold back the last frames until the end
+            frames += self.codec.decode(None)
+        if self.keep:
+            self.decoded += [decoded_to_float32(f.to_ndarray()[0]) for f in frames]
+            self.rate = frames[-1].sample_rate if frames else self.rate
+        return sum(f.samples / f.sample_rate for f in frames)
+
+    def heard(self) -> Heard:
+        self.feed(None)
+        audio = np.concatenate(self.decoded) if self.decoded else np.zeros(0, np.float32)
+        return Heard(audio, self.rate or OPENAI_RATE)

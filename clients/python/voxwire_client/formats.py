@@ -60,7 +60,11 @@ def decode_compressed(data: bytes) -> np.ndarray:
         frames = [f.to_ndarray()[0] for f in container.decode(audio=0)]
     if not frames:
         return np.zeros(0, np.float32)
-    pcm = np.concatenate(frames)
+    return decoded_to_float32(np.concatenate(frames))
+
+
+def decoded_to_float32(pcm: np.ndarray) -> np.ndarray:
+    """A decoder's samples (PyAV's int16, int32 or float arrays) as float32 in [-1, 1]."""
     if pcm.dtype == np.int16:  # flac: the server's 16-bit samples, scaled as pcm_s16le is
         return pcm.astype(np.float32) / 32767.0
     if pcm.dtype == np.int32:

@@ -1,6 +1,9 @@
-"""Fixed texts, so that every run measures the same work."""
+"""Fixed texts, so that every run measures the same work: the latency corpus here, and
+the quality corpus (``quality()``) in quality.txt."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 # Replies of the length a voice assistant speaks: one to three sentences.
 REPLIES = [
@@ -38,3 +41,10 @@ THREE_SENTENCES = (
 
 WARMUP = ["Warming up.", "This sentence warms up the voice before anything is measured."]
 """What every server, and the floor, speaks before it is measured."""
+
+
+def quality() -> list[str]:
+    """The quality corpus (benchmarks/quality): assistant replies, one per line of
+    quality.txt, written for this project (README.md beside it)."""
+    lines = (Path(__file__).parent / "quality.txt").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip()]
