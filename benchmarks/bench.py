@@ -15,7 +15,9 @@ rounds, in one report:
 - streams held by staggered real-time listeners (each hears its answer out, then speaks
   again), and separately under bursts of simultaneous newcomers: a level holds with no
   error, no underrun and p95 TTFA under 300 ms, and counts only if every lower level held;
-- Voxwire's memory with stalled readers.
+- Voxwire's memory with stalled readers;
+- what each server's listener hears: a few sentences of the quality corpus, transcribed by
+  Whisper (word error rate) and scored by DNSMOS (benchmarks/quality).
 
 Results go to ``--out``: results.json, report.md and PNG plots.
 """
@@ -67,6 +69,8 @@ class Plan:
     """Load levels for every server, or only Voxwire's socket and wyoming-piper."""
     readers: int
     """Stalled readers for the memory reading; 0 skips it."""
+    listen: int
+    """Sentences of the quality corpus each server speaks for Whisper and DNSMOS; 0 skips it."""
     lengths: tuple[int, ...] = corpus.FIRST_SENTENCE_WORDS
     """First-sentence lengths, in words, for TTFA against length."""
 
@@ -74,14 +78,14 @@ class Plan:
     def named(scale: str) -> Plan:
         return {
             "tiny": Plan(warmup=1, rounds=1, length_repeats=1, sweep_levels=(2,), burst_levels=(2,), utterances=2,
-                         sweep_all=True, readers=2, lengths=(3, 10)),
+                         sweep_all=True, readers=2, listen=2, lengths=(3, 10)),
             # Real-time listeners take real time: a level of 12 utterances of about 5 s
             # each, shared by 4 listeners, is 15 s a server (20, and 5 rounds, took the
             # run past 2 minutes on a 2-core machine).
             "quick": Plan(warmup=1, rounds=4, length_repeats=3, sweep_levels=(4,), burst_levels=(4,), utterances=12,
-                          sweep_all=False, readers=0),
+                          sweep_all=False, readers=0, listen=6),
             "full": Plan(warmup=2, rounds=10, length_repeats=5, sweep_levels=(2, 4, 8), burst_levels=(2, 4, 8, 16),
-                         utterances=40, sweep_all=True, readers=50),
+                         utterances=40, sweep_all=True, readers=50, listen=30),
         }[scale]
 
 
@@ -224,6 +228,24 @@ async def measure(openers: list[Opener], plan: Plan, main_name: str) -> dict[str
     return out
 
 
+def listen_to(targets: list[Target], plan: Plan) -> dict[str, Any]:
+    """Every server speaks the quality corpus's first ``plan.listen`` sentences, and
+    Whisper and DNSMOS judge what each one's listener heard (benchmarks/quality)."""
+    from benchmarks.quality.asr import Transcriber
+    from benchmarks.quality.listen import hear, listen
+    from benchmarks.quality.rows import of_target
+
+    try:
+        transcriber = Transcriber()
+    except RuntimeError as e:  # installed without the bench extra
+        return {"skipped": str(e)}
+    rows = [of_target(t) for t in targets]
+    texts = corpus.quality()[: plan.listen]
+    log(f"quality: {len(texts)} sentences from each server, then Whisper and DNSMOS")
+    heard = asyncio.run(hear(rows, texts, warm_up=False))  # the servers are warm by now
+    return {"sentences": len(texts), "asr": transcriber.name, "rows": listen(rows, heard, transcriber, log)}
+
+
 def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dict[str, Any]:
     from engine.piper.engine import PiperEngine
 
@@ -277,6 +299,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.url is not None:
         target = Target("server", args.url, args.format)
         results.update(asyncio.run(measure([Opener(target)], plan, target.name)))
+        if plan.listen:
+            results["quality"] = listen_to([target], plan)
         count_cached(results, target.name)
         results["headline"] = headline(results, target.name)
         results["elapsed_s"] = round(time.time() - started, 1)
@@ -316,6 +340,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"memory with {plan.readers} stalled readers")
             results["memory"] = asdict(asyncio.run(memory.stalled_readers(
                 targets[0].url, f"http://127.0.0.1:{port}", proc.pid, plan.readers)))
+        if plan.listen:
+            results["quality"] = listen_to(targets, plan)
     finally:
         stop(proc)
         for p in others:

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +39,17 @@ class Heard:
     @staticmethod
     def of_pieces(pieces: list[np.ndarray], rate: int) -> Heard:
         audio = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)
-        return Heard(audio, rate, joins_of([p.size for p in pieces], audio.size))
+        return Heard(audio, rate, joins([p.size for p in pieces]))
 
 
-def joins_of(sizes: list[int], total: int) -> list[int]:
-    """Where pieces of these sizes meet, within ``total`` samples of decoded audio."""
-    return [j for j in itertools.accumulate(sizes[:-1]) if 0 < j < total]
+def joins(sizes: Sequence[int]) -> list[int]:
+    """Where consecutive pieces of these sizes meet in their concatenation: the index of
+    each later piece's first sample. Empty pieces add no join of their own, and the start
+    and end of the whole are not joins."""
+    if any(int(n) < 0 for n in sizes):
+        raise ValueError(f"negative piece size in {list(sizes)}")
+    total = sum(int(n) for n in sizes)
+    return sorted({int(j) for j in itertools.accumulate(sizes) if 0 < j < total})
 
 
 @dataclass
@@ -134,7 +140,7 @@ def _frames_heard(kept: list[bytes], sizes: list[int], fmt: str, rate: int) -> H
     padding, which a raw stream does not tell it to drop) leaves the joins unplaceable:
     there are none, rather than joins at the wrong places."""
     audio = to_float32(b"".join(kept), fmt)
-    return Heard(audio, rate, joins_of(sizes, audio.size) if audio.size == sum(sizes) else [])
+    return Heard(audio, rate, joins(sizes) if audio.size == sum(sizes) else [])
 
 
 def finish(

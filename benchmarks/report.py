@@ -37,6 +37,37 @@ def machine_line(m: dict[str, Any]) -> str:
     )
 
 
+def _n(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def quality_table(rows: dict[str, Any]) -> list[str]:
+    """What a listener hears (benchmarks/quality), row by row, beside the row's TTFA in
+    the same run. Seams only for rows whose stream arrives in pieces of its own."""
+    lines = [
+        "| row | sentences | WER % | DNSMOS SIG | BAK | OVRL | seam ratio: median | worst | joins | TTFA p50 ms | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in rows.items():
+        d, seams = row["dnsmos"], row["seams"]
+        joins = seams["joins"]
+        lines.append(
+            f"| {name} | {row['sentences']} | {row['wer']:.2f} | {_n(d['sig'])} | {_n(d['bak'])} | {_n(d['ovrl'])} | "
+            f"{_n(seams['median']) if joins else '–'} | {_n(seams['worst']) if joins else '–'} | {joins or '–'} | "
+            f"{_ms(row['ttfa_ms']['p50'])} | {row['errors']} |"
+        )
+    return lines
+
+
+def quality_targets(r: dict[str, Any]) -> list[str]:
+    """benchmarks/quality's targets (benchmarks/quality/targets.py), each met or not."""
+    lines = ["| target | row | measured | limit | met |", "|---|---|---:|---:|---|"]
+    for t in r["targets"]:
+        lines.append(f"| {t['target']} | {t['row']} | {_n(t['measured'])} | {t['limit']:g} | "
+                     f"{'yes' if t['met'] else '**no**'} |")
+    return lines
+
+
 def comparison_table(r: dict[str, Any]) -> list[str]:
     """Every server side by side: concurrency 1, then the streams each held."""
     lines = [
@@ -174,6 +205,17 @@ def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
         "",
         *length_table(r),
     ]
+    if r.get("quality", {}).get("rows"):
+        q = r["quality"]
+        lines += [
+            "",
+            f"### What a listener hears ({q['sentences']} sentences of benchmarks/corpus/quality.txt; {q['asr']}; "
+            "WER after benchmarks/quality/normalise.py; DNSMOS P.835)",
+            "",
+            *quality_table(q["rows"]),
+        ]
+    elif r.get("quality", {}).get("skipped"):
+        lines += ["", f"Quality not measured: {r['quality']['skipped']}"]
     if "floor" in r:
         f = r["floor"]
         lines += [

@@ -28,10 +28,6 @@ BLOCK = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)((?:(?!<!-- table: ).)*?)(<!
 OPENING = re.compile(r"^<!-- table: (\S+) (\S+) -->$", re.M)
 
 
-def _f(x: float, digits: int = 1) -> str:
-    return "n/a" if x is None or x != x else f"{x:.{digits}f}"
-
-
 def piper_rtf(r: dict[str, Any]) -> list[str]:
     lines = [
         "| engine | audio s | compute s | RTF | vs onnxruntime |",
@@ -226,6 +222,8 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "wyoming": wyoming,
     "contention": contention,
     "batching": batching,
+    "quality": lambda r: report.quality_table(r["rows"]),
+    "quality-targets": report.quality_targets,
 }
 
 

@@ -91,8 +91,19 @@ def check_run(out: Path, plan: Plan) -> None:
     if "poisson" in r:
         po = r["poisson"]
         assert po["utterances"] > 0 and po["errors"] == 0 and ordered(po["ttfa_ms"])
+    # What each server's listener heard: real speech that Whisper understands (two
+    # sentences: one misheard word is a few percent, noise or silence is 100), with seams
+    # where the protocol delivers pieces of its own.
+    q = r["quality"]
+    assert q["sentences"] == plan.listen and set(q["rows"]) == set(servers)
+    for name, row in q["rows"].items():
+        assert row["errors"] == 0 and row["sentences"] == plan.listen, (name, row["error_codes"])
+        assert row["wer"] < 40, (name, row["worst_sentences"])
+        assert 1 <= row["dnsmos"]["ovrl"] <= 5 and 1 <= row["dnsmos"]["sig"] <= 5, name
+        assert (row["seams"]["joins"] > 0) == (servers[name]["kind"] in ("v1", "wyoming")), name
     # The report, its comparison table and its plots.
     md = (out / "report.md").read_text()
+    assert "What a listener hears" in md
     assert "| server | protocol |" in md and "TTFA ÷ floor" in md
     assert "result cache" not in md.split("Command:")[0]  # no warning: nothing was replayed
     for name in servers:

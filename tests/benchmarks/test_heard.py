@@ -10,11 +10,22 @@ import asyncio
 import numpy as np
 import pytest
 
-from benchmarks.protocols import OpenAISession, V1Session
+from benchmarks.loadgen import UtteranceResult
+from benchmarks.protocols import OpenAISession, Session, V1Session
 from tests.fixtures.engines import WORD_SECONDS, word_pitch
 
 WORDS = ["alpha", "bravo", "charlie", "delta"]
 TEXT = " ".join(WORDS) + "."
+
+
+def speak_once(session: Session) -> UtteranceResult:
+    async def speak() -> UtteranceResult:
+        try:
+            return await session.speak(TEXT)
+        finally:
+            await session.close()
+
+    return asyncio.run(speak())
 
 
 def strongest(audio: np.ndarray, rate: int, k: int) -> list[float]:
@@ -43,14 +54,7 @@ def check(heard, extra_s: float = 0.0) -> None:
     ids=lambda s: s.get("format", "default"),
 )
 def test_protocol_v1_keeps_the_frames_and_their_joins(tone_server, settings):
-    async def speak():
-        session = V1Session(tone_server.ws, {**settings, "chunk_ms": 150}, keep_audio=True)
-        try:
-            return await session.speak(TEXT)
-        finally:
-            await session.close()
-
-    r = asyncio.run(speak())
+    r = speak_once(V1Session(tone_server.ws, {**settings, "chunk_ms": 150}, keep_audio=True))
     assert r.error is None and r.heard is not None
     fmt = settings.get("format", "pcm_s16le")
     assert r.heard.rate == {"opus": 48000}.get(fmt, settings.get("sample_rate", 16000))
@@ -69,14 +73,7 @@ def test_protocol_v1_keeps_the_frames_and_their_joins(tone_server, settings):
 
 @pytest.mark.parametrize("fmt", ["pcm", "wav", "mp3"])
 def test_the_openai_route_keeps_the_body(tone_server, fmt):
-    async def speak():
-        session = OpenAISession(f"{tone_server.http}/v1/audio/speech", fmt, keep_audio=True)
-        try:
-            return await session.speak(TEXT)
-        finally:
-            await session.close()
-
-    r = asyncio.run(speak())
+    r = speak_once(OpenAISession(f"{tone_server.http}/v1/audio/speech", fmt, keep_audio=True))
     assert r.error is None and r.heard is not None
     assert r.heard.rate == 24000
     check(r.heard, extra_s=0.12 if fmt == "mp3" else 0.0)
