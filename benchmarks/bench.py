@@ -389,7 +389,7 @@ def headline(r: dict[str, Any], main_name: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="voxwire bench", description=__doc__.split("\n\n")[0])
     scale = p.add_mutually_exclusive_group()
-    scale.add_argument("--quick", dest="scale", action="store_const", const="quick", help="a run under 2 minutes")
+    scale.add_argument("--quick", dest="scale", action="store_const", const="quick", help="a run of 2 to 3 minutes")
     scale.add_argument("--tiny", dest="scale", action="store_const", const="tiny", help="a smoke test of the bench")
     p.set_defaults(scale="full")
     p.add_argument("--url", help="a server to measure: ws(s):// protocol v1, http(s)://…/v1/audio/speech "

@@ -59,6 +59,19 @@ def quality_table(rows: dict[str, Any]) -> list[str]:
     return lines
 
 
+def paired_table(r: dict[str, Any]) -> list[str]:
+    """benchmarks/quality/paired.py: one audio through every format."""
+    lines = [
+        "| format, as the socket sends it | WER % | over 16-bit PCM at its rate (points) | DNSMOS SIG | BAK | OVRL |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in r["rows"].items():
+        d = row["dnsmos"]
+        over = f"{row['wer_over_against']:+.2f}" if "against" in row else "–"
+        lines.append(f"| {name} | {row['wer']:.2f} | {over} | {_n(d['sig'])} | {_n(d['bak'])} | {_n(d['ovrl'])} |")
+    return lines
+
+
 def quality_targets(r: dict[str, Any]) -> list[str]:
     """benchmarks/quality's targets (benchmarks/quality/targets.py), each met or not."""
     lines = ["| target | row | measured | limit | met |", "|---|---|---:|---:|---|"]

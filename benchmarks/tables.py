@@ -224,6 +224,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "batching": batching,
     "quality": lambda r: report.quality_table(r["rows"]),
     "quality-targets": report.quality_targets,
+    "quality-paired": report.paired_table,
 }
 
 
