@@ -126,6 +126,9 @@ class Engine(ABC):
     name: str
     sample_rate: int
     device: str = "cpu"
+    precision: str = "fp32"
+    """The arithmetic the model computes in ("fp32", "bf16", "fp16"), as resolved from the
+    ``precision`` setting on this device (engine/precision.py)."""
     timestamps: bool = False
     """Whether ``synthesize`` yields ``WordTimings`` when ``params.timestamps`` asks."""
     clones_voices: bool = False

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.base import Engine, EngineError
+from engine.precision import SETTINGS as PRECISIONS
 
 ENGINES = ("piper", "cosyvoice2")
 
@@ -21,6 +22,12 @@ class EngineOptions:
             "help": "Piper runtime: torch streams within a sentence, onnx synthesises sentence by sentence",
             "choices": ("torch", "onnx"),
         },
+    )
+    precision: str = field(
+        default="auto",
+        metadata={"help": "the arithmetic the engine computes in: auto is bf16 where the device computes it natively "
+                  "(a CPU with AVX512-BF16 or AMX, a CUDA device from compute capability 8.0), else fp32 (CosyVoice2 "
+                  "on an older GPU: fp16)", "choices": PRECISIONS},
     )
     piper_voices: tuple[Path, ...] = field(
         default=(),
@@ -95,6 +102,7 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
             voices = [voice_files_from_path(p) for p in options.piper_voices] or None
             return PiperEngine(
                 voices=voices, backend=options.piper_backend, device=options.device, threads=options.threads,  # type: ignore[arg-type]
+                precision=options.precision,
             )
 
         return piper
@@ -106,7 +114,8 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
             extra = {"cpu_threads": options.threads, **options.extra} if options.threads else dict(options.extra)
             extra.setdefault("fast_start", options.cosyvoice2_fast_start)
             return CosyVoice2Engine(
-                options.model_dir, device=options.device, voices_dir=options.voices_dir, **extra  # type: ignore[arg-type]
+                options.model_dir, device=options.device, voices_dir=options.voices_dir, precision=options.precision,
+                **extra,  # type: ignore[arg-type]
             )
 
         return cosyvoice2

@@ -126,7 +126,8 @@ def create_app(config: ServerConfig | None = None, make_worker: Callable[[], Wor
             status = "draining" if service.draining else "not ready"
             return JSONResponse({"status": status}, status_code=503)
         engine = service.worker.loaded_engine()
-        return JSONResponse({"status": "ready", "engine": engine.name, "device": engine.device, "pid": os.getpid()})
+        return JSONResponse({"status": "ready", "engine": engine.name, "device": engine.device,
+                             "precision": engine.precision, "pid": os.getpid()})
 
     def refused(request: Request) -> Response | None:
         if not _authorised(service, request, []):

@@ -53,6 +53,8 @@ class Snapshot:
     cache_bytes: int
     engine_threads: int
     """The CPU threads the engine's last step ran with."""
+    engine: tuple[str, str, str] | None = None
+    """The loaded engine's name, device and precision; None until it is loaded."""
 
 
 def multiprocess_dir() -> str | None:
@@ -132,6 +134,10 @@ class Metrics:
         self.engine_threads = Gauge("voxwire_engine_threads",
                                     "CPU threads of the engine's last step: fewer while other processes keep the "
                                     "cores busy", registry=own, multiprocess_mode="livesum")
+        self.engine_info = Gauge("voxwire_engine_info", "1 for the engine each worker process runs: its name, device "
+                                 "and the precision it computes in", ["worker", "engine", "device", "precision"],
+                                 registry=own, multiprocess_mode="liveall")
+        self._engine_labels: tuple[str, ...] | None = None
         self.threads = Gauge("voxwire_threads", "Threads in the server processes", registry=own,
                              multiprocess_mode="livesum")
         self.tasks = Gauge("voxwire_asyncio_tasks", "Tasks alive on the event loops", registry=own,
@@ -161,6 +167,13 @@ class Metrics:
         self.ready.set(int(s.ready))
         self.cache_bytes.set(s.cache_bytes)
         self.engine_threads.set(s.engine_threads)
+        labels = (self.worker, *s.engine) if s.engine else None
+        if labels != self._engine_labels:
+            if self._engine_labels is not None:
+                self.engine_info.remove(*self._engine_labels)
+            if labels is not None:
+                self.engine_info.labels(*labels).set(1)
+            self._engine_labels = labels
         self.threads.set(threading.active_count())
         if self._loop is not None:
             self.tasks.set(len(asyncio.all_tasks(self._loop)))

@@ -86,6 +86,7 @@ class Service:
             ready=self.ready(),
             cache_bytes=self.cache.bytes,
             engine_threads=worker.stats.cpu_threads,
+            engine=(worker.engine.name, worker.engine.device, worker.engine.precision) if worker.engine else None,
         )
 
     def load(self) -> None:
@@ -120,7 +121,8 @@ class Service:
             sample_rate=self.config.default_sample_rate or engine.sample_rate,
             chunk_ms=self.config.default_chunk_ms,
         )
-        log.info("engine %s ready on %s with voices %s", engine.name, engine.device, [v.id for v in voices])
+        log.info("engine %s ready on %s in %s with voices %s", engine.name, engine.device, engine.precision,
+                 [v.id for v in voices])
 
     async def start(self) -> None:
         self.metrics.bind_loop(asyncio.get_running_loop())

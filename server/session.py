@@ -107,6 +107,7 @@ class Session:
             protocol=protocol.PROTOCOL_VERSION,
             session=self.id,
             engine=engine.name,
+            precision=engine.precision,
             sample_rate=engine.sample_rate,
             voices=[v.to_dict() for v in engine.voices()],
             defaults=self._shown(self.defaults),

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from ..base import Engine, EngineError, Registered, Step, Stream, SynthesisParams, Voice
+from ..precision import Precision, resolve
+from ..precision import dtype as precision_dtype
 from ..threads import configure_cpu_threads
 from .batch import Batcher, CosyStream
 from .frontend import Frontend, Prompt
@@ -30,10 +32,19 @@ MAX_SEGMENT_TOKENS = 80  # the reference splits longer text before the LM
 _PUNCTUATION = ".,!?;:。，！？；：、"
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+def resolve_precision(setting: str, device: str) -> Precision:
+    """CosyVoice2's precision: its bf16 paths (the LM, the flow estimator, HiFT) are CUDA's.
+    ``auto`` takes bf16 on a GPU that computes it natively and fp16 on an older one (whose
+    tensor cores have fp16 only); the CPU runs fp32, the only precision tested on it."""
+    try:
+        precision = resolve(setting, device)
+    except ValueError as e:
+        raise EngineError("bad_config", str(e)) from None
+    if torch.device(device).type != "cuda":
+        if setting == "bf16":
+            raise EngineError("bad_config", "CosyVoice2 computes in fp32 on the CPU; bf16 needs a CUDA device")
+        return "fp32"
+    return "fp16" if setting == "auto" and precision == "fp32" else precision
 
 
 # Batch limits. A step's cost is in tokens (CosyStream.cost): 1 per decoding stream, +25
@@ -76,7 +87,7 @@ class CosyVoice2Engine(Engine):
         self,
         model_dir: Path,
         device: str = "cpu",
-        dtype: torch.dtype | None = None,
+        precision: str = "auto",
         voices_dir: Path | None = None,
         *,
         first_chunk_tokens: int = 10,
@@ -108,11 +119,8 @@ class CosyVoice2Engine(Engine):
                 f"the CosyVoice2 model directory {model_dir} lacks: {', '.join(missing)}. {DOWNLOAD_HINT}",
             )
         dev = torch.device(device)
-        if dtype is None:
-            dtype = default_dtype(dev)
-        if dev.type == "cpu" and dtype != torch.float32:
-            log.warning("CosyVoice2 runs in float32 on CPU (asked for %s)", dtype)
-            dtype = torch.float32
+        self.precision = resolve_precision(precision, device)
+        dtype = precision_dtype(self.precision)
         if not 5 <= first_chunk_tokens <= 25:
             raise ValueError("first_chunk_tokens must be within 5..25 (a first chunk under 5 tokens is all overlap)")
         try:
@@ -122,7 +130,6 @@ class CosyVoice2Engine(Engine):
         except (ConfigError, CheckpointError) as exc:
             raise EngineError("model_invalid", f"{model_dir}: {exc}") from exc
         self.device = str(dev)
-        self.dtype = dtype
         self.sample_rate = self.models.cfg.sample_rate
         self.first_chunk_tokens = first_chunk_tokens
         self.stats = Stats()

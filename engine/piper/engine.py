@@ -26,6 +26,7 @@ from engine.piper.alignment import Aligner, word_phonemes
 from engine.piper.chunked import (
     FIRST_CHUNK_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
+from engine.precision import Precision, dtype, resolve
 from engine.threads import configure_cpu_threads, onnx_session_options
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,11 @@ GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 # quarter to a third later. A burst of eight still stalls on 2 cores, but for a third
 # as long, its first audio a third later (benchmarks/README.md, bursts).
 WIDE_START = 3
+# What "bf16" computes in bf16: the flow and the decoder, nearly all of the work. The text
+# encoder stays fp32 because its output decides the durations: in bf16 it moved 0.65% of
+# them by a frame (37 of 5677 phonemes over 47 corpus sentences), shifting word timings and
+# everything after, to save 3 ms of a 25 ms first piece (benchmarks/README.md, precision).
+BF16_PARTS = ("flow", "dec")
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,8 @@ def voice_files_from_path(path: Path) -> VoiceFiles:
 class _LoadedVoice:
     """One voice: its phonemizer and config, and the model on the chosen backend."""
 
-    def __init__(self, files: VoiceFiles, backend: Backend, device: str, threads: int) -> None:
+    def __init__(self, files: VoiceFiles, backend: Backend, device: str, threads: int,
+                 precision: Precision = "fp32") -> None:
         from piper import PiperVoice
         from piper.config import PiperConfig
 
@@ -126,6 +133,8 @@ class _LoadedVoice:
             # PiperVoice is only the phonemizer here; no onnxruntime session is made.
             self.piper = PiperVoice(session=None, config=self.config)  # type: ignore[arg-type]
             self.vits = load_vits(files.model, device=device)
+            if precision != "fp32":
+                self.vits.reduce_precision(dtype(precision), BF16_PARTS)
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         return [self.piper.phonemes_to_ids(p) for p in self.piper.phonemize(text) if p]
@@ -188,11 +197,22 @@ class PiperEngine(Engine):
         backend: Backend = "torch",
         device: str = "cpu",
         threads: int | None = None,
+        precision: str = "auto",
     ) -> None:
         """``threads``: CPU threads for the model's math (engine/threads.py; default: the
-        physical cores, at most 4)."""
+        physical cores, at most 4). ``precision``: "auto", "fp32" or "bf16"
+        (engine/precision.py); onnxruntime's graph is fp32 only."""
         if backend not in BACKENDS:
             raise EngineError("bad_config", f"unknown Piper backend {backend!r}; use one of {BACKENDS}")
+        try:
+            self.precision: Precision = resolve(precision, device)
+        except ValueError as e:
+            raise EngineError("bad_config", str(e)) from None
+        if backend == "onnx":
+            if precision == "bf16":
+                raise EngineError("bad_config",
+                                  "Piper's onnx backend computes in fp32 only; bf16 needs --piper-backend torch")
+            self.precision = "fp32"
         files = list(voices) if voices else default_voices()
         threads = configure_cpu_threads(threads)
         self.backend = backend
@@ -203,7 +223,7 @@ class PiperEngine(Engine):
             self.max_batch = GPU_MAX_BATCH if gpu else CPU_MAX_BATCH
             self.step_budget = GPU_STEP_FRAMES if gpu else CPU_STEP_FRAMES
             self.width_costs_time = not gpu
-        self._voices = {f.id: _LoadedVoice(f, backend, device, threads) for f in files}
+        self._voices = {f.id: _LoadedVoice(f, backend, device, threads, self.precision) for f in files}
         rates = {v.config.sample_rate for v in self._voices.values()}
         if len(rates) != 1:
             raise EngineError("bad_config", f"Piper voices must share one sample rate, got {sorted(rates)}")

@@ -563,11 +563,19 @@ class Generator(nn.Module):
             for block in blocks[1:]:
                 acc += block(x)
             x = acc.div_(k)
-        # The final activation uses torch's default slope (0.01), as trained.
-        return torch.tanh(self.conv_post(F.leaky_relu(x)))
+        # The final activation uses torch's default slope (0.01), as trained. conv_post
+        # may compute in a wider type than the rest (Vits.reduce_precision): its output is
+        # the audio itself, which bf16's 8-bit mantissa would quantise to ~50 dB SNR.
+        return torch.tanh(self.conv_post(F.leaky_relu(x).to(self.conv_post.weight.dtype)))
 
 
 # ------------------------------------------------------------------------------ model
+
+
+REDUCIBLE_PARTS = ("enc_p", "flow", "dec")
+"""The parts that may compute in a reduced precision. The duration predictor is not one:
+its spline flows and the ceil of its output decide the alignment, a whole frame per
+rounding flip, and it is a small share of the work."""
 
 
 class Vits(nn.Module):
@@ -580,6 +588,24 @@ class Vits(nn.Module):
         self.dec = Generator(cfg)
         self.hop_length = cfg.hop_length
         self.sample_rate = cfg.sample_rate
+
+    def reduce_precision(self, dtype: torch.dtype, parts: tuple[str, ...] = REDUCIBLE_PARTS) -> None:
+        """Compute ``parts`` in ``dtype`` (torch.bfloat16, torch.float16). Every part still
+        takes and gives float32 at its boundary, so the durations, the chunked decoder's
+        latents and the audio stay float32; the decoder's last conv stays float32 too."""
+        unknown = set(parts) - set(REDUCIBLE_PARTS)
+        if unknown:
+            raise ValueError(f"cannot reduce the precision of {sorted(unknown)}; parts: {REDUCIBLE_PARTS}")
+        for name in parts:
+            module: nn.Module = getattr(self, name)
+            post = self.dec.conv_post.weight.detach().clone() if name == "dec" else None
+            module.to(dtype)  # keeps each kernel's channels-last strides
+            if post is not None:
+                self.dec.conv_post.weight.data = post
+
+    def dtype_of(self, part: str) -> torch.dtype:
+        """The type ``part`` ("enc_p", "dp", "flow", "dec") computes in."""
+        return next(getattr(self, part).parameters()).dtype
 
     def _ids(self, phoneme_ids: torch.Tensor) -> torch.Tensor:
         ids = torch.as_tensor(phoneme_ids, dtype=torch.long, device=self.device)
@@ -645,7 +671,7 @@ class Vits(nn.Module):
         for row, seq in enumerate(phoneme_ids):
             ids[row, : lengths[row]] = seq.to(self.device)
         x_mask = sequence_mask(torch.tensor(lengths, device=self.device), t)
-        x, m_p, logs_p = self.enc_p(ids, x_mask)
+        x, m_p, logs_p = (y.float() for y in self.enc_p(ids, x_mask.to(self.dtype_of("enc_p"))))
 
         noise = torch.zeros((b, 2, t), device=self.device)
         for row, n in enumerate(padded):
@@ -680,9 +706,10 @@ class Vits(nn.Module):
     def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Prior sample -> decoder latent, [1, C, F] -> [1, C, F]; ``mask`` [1, 1, 1, F]
         marks real frames (padding is zero and has no effect on them)."""
+        dtype = self.dtype_of("flow")
         if mask is None:
             mask = z_p.new_ones(z_p.shape[0], 1, 1, z_p.shape[2])
-        return self.flow.reverse(to_cl(z_p), mask).squeeze(2)
+        return self.flow.reverse(to_cl(z_p.to(dtype)), mask.to(dtype)).squeeze(2).float()
 
     @torch.inference_mode()
     def infer_latent(
@@ -703,7 +730,7 @@ class Vits(nn.Module):
     @torch.inference_mode()
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """z [1, C, F] -> audio [1, F * hop_length] float32 in [-1, 1]."""
-        return self.dec(to_cl(z)).reshape(z.shape[0], -1)
+        return self.dec(to_cl(z.to(self.dtype_of("dec")))).reshape(z.shape[0], -1).float()
 
     @torch.inference_mode()
     def forward(

@@ -47,6 +47,7 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path):
     assert config.auth.api_keys == ("k1", "k2")  # flags over file
     assert config.auth.allowed_origins == ("https://a.example", "https://b.example")
     assert config.engine.piper_backend == "onnx"
+    assert config.engine.precision == "auto"  # the default: bf16 where the device computes it natively
     assert config.limits.max_connections == ServerConfig().limits.max_connections  # untouched: the default
 
 
@@ -70,6 +71,8 @@ def test_defaults_when_nothing_is_given():
         ("[limits]\nmax_text_char = 1\n", {}, "did you mean [limits] max_text_chars?"),
         ("[limits]\nidle_timeout_seconds = 0\n", {}, "[limits] idle_timeout_seconds = 0 must be at least 0.1"),
         ("", {"VOXWIRE_SAMPLE_RATE": "96000"}, "VOXWIRE_SAMPLE_RATE=96000: default_sample_rate must be from 8000 to 48000"),
+        ("", {"VOXWIRE_PRECISION": "fp64"}, "VOXWIRE_PRECISION=fp64: [engine] precision must be one of auto, fp32, bf16"),
+        ("[engine]\nprecision = 'int4'\n", {}, '[engine] precision = "int4" must be one of auto, fp32, bf16'),
     ],
 )
 def test_mistakes_are_errors(tmp_path: Path, toml, env, message):

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.precision import resolve
 from engine.threads import DEFAULT_MAX_THREADS, WINDOW_S, CpuClock, physical_cores
 
 from voxwire_client.sync import synthesize_async
@@ -82,6 +83,14 @@ async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(piper_se
         if scrape(piper_server)["voxwire_engine_threads"] == threads:
             break
     assert scrape(piper_server)["voxwire_engine_threads"] == threads
+
+
+async def test_the_engine_its_device_and_precision_are_on_metrics(piper_server):
+    """What each worker computes in is visible, so a dashboard can tell a bf16 fleet from
+    an fp32 one; the default setting resolves by this CPU's features."""
+    precision = resolve("auto", "cpu")
+    info = {k: v for k, v in scrape(piper_server).items() if k.startswith("voxwire_engine_info")}
+    assert info == {f"voxwire_engine_info{{device=cpu,engine=piper,precision={precision},worker=0}}": 1.0}
 
 
 async def test_stalled_listeners_are_counted_by_door_and_reason_from_the_first_scrape(tone_server):

@@ -11,6 +11,8 @@ import orjson
 import pytest
 import websockets
 
+from engine.precision import resolve
+
 from voxwire_client import Audio, Client
 from voxwire_client.sync import synthesize_async
 
@@ -108,7 +110,8 @@ async def read(ws) -> dict:
 async def test_cancel_stops_audio_and_computation(piper_server):
     worker = piper_server.service.worker
     async with websockets.connect(piper_server.ws) as ws:
-        assert (await read(ws))["type"] == "ready"
+        ready = await read(ws)
+        assert ready["type"] == "ready" and ready["precision"] == worker.engine.precision
         await ws.send(orjson.dumps({"type": "speak", "ctx": "long", "text": SEVERAL * 4}).decode())
         while (await read(ws))["type"] != "audio":
             pass
@@ -327,6 +330,7 @@ async def test_health_ready_and_voices(piper_server):
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         ready = await http.get("/readyz")
         assert ready.status_code == 200 and ready.json()["engine"] == "piper"
+        assert ready.json()["precision"] == resolve("auto", "cpu")  # the default setting, on this CPU
         voices = (await http.get("/v1/voices")).json()
         assert voices["default"] == "joe"
         assert voices["voices"][0]["sample_rate"] == 22050

@@ -1,0 +1,145 @@
+"""The bf16 path of the Piper port: chunked equals whole within bf16, both stay near fp32,
+and what must stay exact (the durations) does.
+
+Bounds, per sentence, from six sentences measured on this CPU (oneDNN, AVX512-BF16):
+- chunked bf16 against whole-sentence bf16: 58-70 dB SNR (inf for a one-chunk sentence).
+  bf16 rounds every layer's output, so windows of other widths round differently: this is
+  the bf16 floor, not a seam. With 4 frames of decoder context instead of 11 it fell to
+  34-45 dB, so 50 dB still sees a context too short.
+- the flow in bf16, its latent against fp32's: 44-48 dB.
+- the decoder in bf16, its audio against fp32's from the same latent: 38-41 dB.
+Sample-level SNR of the whole bf16 path against fp32 means little (a latent 45 dB off
+moves the waveform's fine phase): benchmarks/README.md judges that by ear, through the
+quality harness (WER, DNSMOS, seams), and tests/benchmarks/quality runs it on bf16.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from engine.piper.chunked import CONTEXT_FRAMES, stream_chunks
+from engine.piper.engine import BF16_PARTS
+from engine.piper.vits import Vits
+from tests.engine.piper.test_chunked_decode import snr_db
+
+SENTENCES = [
+    "Streaming synthesis lets a listener hear the first words while the rest of the sentence is still being computed.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Hi there.",
+    "Your flight to Denver leaves at seven forty-five tomorrow morning from gate twelve.",
+    "I couldn't find a restaurant open after midnight, but the diner on Fifth Street closes at two.",
+    "Would you like me to read the rest of the message?",
+]
+CHUNKED_SNR_DB = 50.0
+FLOW_SNR_DB = 40.0
+DECODER_SNR_DB = 35.0
+
+
+def reduced(model: Vits, parts: tuple[str, ...] = BF16_PARTS) -> Vits:
+    m = copy.deepcopy(model)
+    m.reduce_precision(torch.bfloat16, parts)
+    return m
+
+
+@pytest.fixture(scope="module")
+def bf16(vits: Vits) -> Vits:
+    return reduced(vits)
+
+
+@pytest.fixture(scope="module")
+def priors(vits: Vits, piper_voice) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each sentence's prior sample (seeded) and durations, from the fp32 model."""
+    out = []
+    for text in SENTENCES:
+        ids = torch.tensor(piper_voice.phonemes_to_ids(piper_voice.phonemize(text)[0]))
+        out.append(vits.infer_prior(ids, 0.667, 1.0, 0.8, torch.Generator().manual_seed(1)))
+    return out
+
+
+def float8(z: torch.Tensor) -> torch.Tensor:
+    """A deliberately wrong cast: two bits of mantissa."""
+    return z.to(torch.float8_e5m2).float()
+
+
+def test_bf16_computes_the_flow_and_decoder_in_bf16_and_keeps_the_rest_fp32(bf16: Vits, priors):
+    assert [bf16.dtype_of(p) for p in ("enc_p", "dp", "flow", "dec")] == [
+        torch.float32, torch.float32, torch.bfloat16, torch.bfloat16,
+    ]
+    assert bf16.dec.conv_post.weight.dtype == torch.float32  # the audio itself is not bf16-quantised
+    assert bf16.dec.ups[0].weight.is_contiguous(memory_format=torch.contiguous_format) is False  # channels-last kept
+    z_p, _ = priors[1]
+    z = bf16.flow_reverse(z_p)
+    audio = bf16.decode(z)
+    assert z.dtype == audio.dtype == torch.float32
+    assert audio.shape == (1, z_p.shape[2] * bf16.hop_length)
+    assert audio.abs().max() > 0.05  # speech, not silence
+
+
+@pytest.mark.parametrize("context, passes", [(CONTEXT_FRAMES, True), (4, False)])
+def test_chunked_bf16_equals_whole_bf16(bf16: Vits, priors, context: int, passes: bool):
+    snrs = []
+    with torch.inference_mode():
+        for z_p, _ in priors:
+            whole = bf16.decode(bf16.flow_reverse(z_p))[0].numpy()
+            chunked = np.concatenate(list(stream_chunks(bf16, z_p, context_frames=context)))
+            assert chunked.shape == whole.shape
+            snrs.append(snr_db(whole, chunked))
+    # With too little context every sentence long enough to have a seam falls below.
+    assert (min(snrs) >= CHUNKED_SNR_DB) if passes else (max(snrs) < CHUNKED_SNR_DB), snrs
+
+
+@pytest.mark.parametrize("damage", [None, "float8 latent", "a dropped coupling"])
+def test_the_bf16_flow_stays_near_fp32(vits: Vits, bf16: Vits, priors, damage: str | None):
+    model = bf16
+    if damage == "a dropped coupling":
+        model = copy.deepcopy(bf16)
+        model.flow.flows["0"].post.weight.data.zero_()
+        model.flow.flows["0"].post.bias.data.zero_()
+    snrs = []
+    with torch.inference_mode():
+        for z_p, _ in priors:
+            z = model.flow_reverse(float8(z_p) if damage == "float8 latent" else z_p)
+            snrs.append(snr_db(vits.flow_reverse(z_p).numpy(), z.numpy()))
+    assert (min(snrs) >= FLOW_SNR_DB) if damage is None else (max(snrs) < FLOW_SNR_DB), snrs
+
+
+@pytest.mark.parametrize("damage", [None, "float8 latent", "a dropped layer"])
+def test_the_bf16_decoder_stays_near_fp32(vits: Vits, bf16: Vits, priors, damage: str | None):
+    model = bf16
+    if damage == "a dropped layer":
+        model = copy.deepcopy(bf16)
+        model.dec.resblocks[0].convs[0].weight.data.zero_()
+    snrs = []
+    with torch.inference_mode():
+        for z_p, _ in priors[:3]:
+            z = vits.flow_reverse(z_p)
+            audio = model.decode(float8(z) if damage == "float8 latent" else z)[0].numpy()
+            snrs.append(snr_db(vits.decode(z)[0].numpy(), audio))
+    assert (min(snrs) >= DECODER_SNR_DB) if damage is None else (max(snrs) < DECODER_SNR_DB), snrs
+
+
+def test_durations_stay_exact_in_bf16_and_would_not_with_the_encoder_in_bf16(vits: Vits, bf16: Vits, piper_voice):
+    """The alignment (word timings, every later frame) rests on ceil(duration): bf16 leaves
+    the encoder and duration predictor in fp32 and gives fp32's durations exactly. The
+    encoder in bf16 moves some by a frame, which is why it stays fp32."""
+    everything = reduced(vits, ("enc_p", "flow", "dec"))
+    moved = 0
+    for text in SENTENCES:
+        ids = torch.tensor(piper_voice.phonemes_to_ids(piper_voice.phonemize(text)[0]))
+
+        def durations(model: Vits) -> torch.Tensor:
+            return model.infer_prior(ids, 0.667, 1.0, 0.8, torch.Generator().manual_seed(1), bucket=32)[1]
+
+        reference = durations(vits)
+        assert torch.equal(durations(bf16), reference)
+        moved += int((durations(everything) != reference).sum())
+    assert moved > 0
+
+
+def test_reduce_precision_names_only_its_parts(vits: Vits):
+    with pytest.raises(ValueError, match="dp"):
+        reduced(vits, ("dp",))
