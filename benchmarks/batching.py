@@ -101,12 +101,12 @@ async def batch_sizes(http: str) -> dict[str, float]:
     return out
 
 
-def floor(newcomers: int, threads: int | None) -> dict[str, float]:
+def floor(newcomers: int, threads: int | None, precision: str = "auto") -> dict[str, float]:
     """In-process: N first chunks in one batched step, and N first steps one by one."""
     from engine.base import SynthesisParams
     from engine.piper.engine import PiperEngine
 
-    engine = PiperEngine(threads=threads)
+    engine = PiperEngine(threads=threads, precision=precision)
     engine.warmup()
     params = SynthesisParams(voice=engine.default_voice() or "joe")
     texts = [REPLIES[i % len(REPLIES)] for i in range(newcomers)]
@@ -155,9 +155,10 @@ async def measure(servers: dict[str, int], args: argparse.Namespace) -> dict[str
     return out
 
 
-def summarise(raw: dict[str, Any], floor_ms: dict[str, float]) -> dict[str, Any]:
+def summarise(raw: dict[str, Any], floors: dict[str, dict[str, float]]) -> dict[str, Any]:
     rows = {}
     for name, r in raw.items():
+        floor_ms = floors[name]
         single_p50 = statistics.median(r["single"])
         b = percentiles(r["burst"])
         held = [lvl for lvl, x in r["held"].items() if x["held"]]
@@ -167,6 +168,7 @@ def summarise(raw: dict[str, Any], floor_ms: dict[str, float]) -> dict[str, Any]
             "burst_ttfa_p95_ms": round(b["p95"], 1),
             "burst_p95_over_single": round(b["p95"] / single_p50, 2),
             "burst_p95_over_floor": round(b["p95"] / floor_ms["batched_step_ms"], 2),
+            "floor_ms": floor_ms["batched_step_ms"],
             "burst_underruns": r["burst_underruns"],
             "burst_stall_ms": round(r["burst_stall_ms"]),
             "compute_limit": round(1 / r["rtf"], 1) if r["rtf"] else None,
@@ -188,28 +190,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-listener", type=int, default=5, help="utterances each staggered listener speaks")
     p.add_argument("--spread", type=float, default=0.7 * 8, help="seconds over which staggered listeners arrive")
     p.add_argument("--threads", type=int, default=None, help="engine threads (default: the server's default)")
-    p.add_argument("--out", type=Path, help="write batching.json there")
+    p.add_argument("--precisions", action="store_true",
+                   help="compare two batched servers, --precision bf16 and --precision fp32, instead")
+    p.add_argument("--out", type=Path, help="write batching.json (precision.json with --precisions) there")
     args = p.parse_args(argv)
     threads = ["--threads", str(args.threads)] if args.threads else []
-    ports = {"batched": free_port(), "unbatched": free_port()}
-    procs = [spawn_voxwire(ports["batched"], "--cache-mb", "0", *threads),
-             spawn_voxwire(ports["unbatched"], "--cache-mb", "0", "--max-batch", "1", *threads)]
+    if args.precisions:
+        variants = {"bf16": ["--precision", "bf16"], "fp32": ["--precision", "fp32"]}
+    else:
+        variants = {"batched": [], "unbatched": ["--max-batch", "1"]}
+    ports = {name: free_port() for name in variants}
+    procs = [spawn_voxwire(ports[name], "--cache-mb", "0", *flags, *threads) for name, flags in variants.items()]
     try:
         raw = asyncio.run(measure(ports, args))
     finally:
         for proc in procs:
             stop(proc)
-    floor_ms = floor(args.newcomers, args.threads)
-    rows = summarise(raw, floor_ms)
-    print(f"floor: {args.newcomers} first chunks in one batched step {floor_ms['batched_step_ms']} ms, "
-          f"one by one {floor_ms['one_by_one_ms']} ms")
+    # The floor is a batched step: the precision's own where precisions are compared.
+    floors = {name: floor(args.newcomers, args.threads, name if args.precisions else "auto") for name in variants}
+    rows = summarise(raw, floors)
+    for name, f in floors.items():
+        print(f"{name:>9} floor: {args.newcomers} first chunks in one batched step {f['batched_step_ms']} ms, "
+              f"one by one {f['one_by_one_ms']} ms")
     for name, r in rows.items():
         print(f"{name:>9}: single {r['single_ttfa_p50_ms']} ms; burst of {args.newcomers} p50 "
               f"{r['burst_ttfa_p50_ms']} p95 {r['burst_ttfa_p95_ms']} ms = {r['burst_p95_over_single']}x single, "
               f"{r['burst_p95_over_floor']}x floor; held {r['held']} of limit {r['compute_limit']} "
               f"({r['held_over_limit']}x); batch sizes {r['batch_sizes']}")
     if args.out:
-        save_results(args.out / "batching.json", args, floor=floor_ms, servers=rows)
+        name = "precision.json" if args.precisions else "batching.json"
+        save_results(args.out / name, args, floor=next(iter(floors.values())), floors=floors, servers=rows)
     return 0
 
 

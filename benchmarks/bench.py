@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from benchmarks import corpus, floor, loadgen, machine, memory, peers, report
 from benchmarks.loadgen import UtteranceResult
 from benchmarks.peers import SETTLE_S
@@ -249,7 +251,7 @@ def listen_to(targets: list[Target], plan: Plan) -> dict[str, Any]:
 def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dict[str, Any]:
     from engine.piper.engine import PiperEngine
 
-    engine = PiperEngine(backend=args.piper_backend, device=args.device)
+    engine = PiperEngine(backend=args.piper_backend, device=args.device, precision=args.precision)
     engine.warmup()
     voice = engine.voices()[0].id
     warm = [corpus.WARMUP[k % len(corpus.WARMUP)] for k in range(plan.warmup)]
@@ -275,7 +277,8 @@ def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dic
 def _engine_options(args: argparse.Namespace) -> list[str]:
     # No result cache: the same texts come back again and again here, and the figures are
     # about computing speech, not replaying it.
-    return ["--engine", "piper", "--piper-backend", args.piper_backend, "--device", args.device, "--cache-mb", "0"]
+    return ["--engine", "piper", "--piper-backend", args.piper_backend, "--device", args.device,
+            "--precision", args.precision, "--cache-mb", "0"]
 
 
 def wyoming_door() -> bool:
@@ -293,7 +296,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": machine.facts(args.device),
         "config": {"scale": args.scale, "url": args.url, "engine": "piper", "piper_backend": args.piper_backend,
-                   "device": args.device, "plan": asdict(plan), "ttfa_target_ms": TTFA_TARGET_MS,
+                   "precision": args.precision, "device": args.device, "plan": asdict(plan),
+                   "ttfa_target_ms": TTFA_TARGET_MS,
                    "texts": {"three_sentences": corpus.THREE_SENTENCES, "replies": corpus.REPLIES}},
     }
     if args.url is not None:
@@ -319,6 +323,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         # Three servers load their models at once, on a machine others may be using too.
         wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=START_TIMEOUT_S)
+        # What --precision resolved to on this device, as the server says.
+        precision = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).json().get("precision", "fp32")
         peers.ready(others)
         log("servers ready; the floor (the engine alone, in process)")
         # The floor runs while the servers sit idle and loaded, as it always did after them.
@@ -331,6 +337,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             targets.append(Target(VOXWIRE_WYOMING, f"tcp://127.0.0.1:{wyoming_port}"))
         targets += [Target(p.name, p.url) for p in others]
         results.update(asyncio.run(measure([Opener(t) for t in targets], plan, VOXWIRE)))
+        for t in targets:  # the peers run Piper's onnxruntime graph, in fp32
+            results["servers"][t.name]["precision"] = "fp32" if t.name in {p.name for p in others} else precision
         poisson = None
         if args.poisson:
             poisson = asyncio.run(loadgen.poisson(targets[0].url, args.poisson, args.poisson_seconds,
@@ -398,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", default="pcm", choices=("pcm", "wav", "mp3"),
                    help="response_format for OpenAI-compatible servers (default: %(default)s)")
     p.add_argument("--piper-backend", default="torch", choices=("onnx", "torch"))
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="Voxwire's --precision, for its server and the in-process floor")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-peers", action="store_true", help="skip wyoming-piper and Piper's HTTP server")
     p.add_argument("--poisson", type=float, metavar="RATE", help="also: Poisson arrivals at RATE utterances/s")

@@ -1,6 +1,7 @@
-"""Piper voice: onnxruntime vs the torch port (whole and chunked), on this CPU.
+"""Piper voice: onnxruntime vs the torch port (whole and chunked, per precision), on this CPU.
 
     .venv/bin/python -m benchmarks.piper_chunked               # both tables
+    .venv/bin/python -m benchmarks.piper_chunked --precisions fp32,bf16
     .venv/bin/python -m benchmarks.piper_chunked --repeats 9 --threads 1
     .venv/bin/python -m benchmarks.piper_chunked --receptive-field
     .venv/bin/python -m benchmarks.piper_chunked --device cuda  # torch on the GPU, ORT on the CPU
@@ -9,6 +10,12 @@ Prints markdown. Timings interleave the engines within each repeat (so backgroun
 hits all of them alike) and report the median. "fresh" is the first pass over inputs
 whose lengths the process has not seen yet: oneDNN compiles kernels per input shape,
 which onnxruntime does not, so that column is what a new sentence costs.
+
+Precisions (--precisions): "fp32" is the model as loaded; "bf16" a copy with the engine's
+``BF16_PARTS`` (text encoder, flow and decoder) computed in bfloat16, as the engine's
+"bf16" serves it; "bf16-encoder-fp32" the flow and decoder alone in bfloat16: what the
+encoder's share is. Every precision is warmed before timing (oneDNN compiles its bf16
+kernels per shape on first use) and interleaved with the others within each repeat.
 
 The latency table also gives the floor of the 40-vs-3-word ratio on this machine: what
 ``infer_prior`` (text encoder + duration predictor, which must see the whole sentence
@@ -20,6 +27,7 @@ the measured 3-word time. No exact implementation can come in under it here.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -30,7 +38,7 @@ import torch
 from benchmarks import tables
 from benchmarks.report import save_results
 from engine.piper.chunked import SHAPE_BUCKET, decode_chunks, stream_chunks
-from engine.piper.engine import PHONEME_BUCKET
+from engine.piper.engine import BF16_PARTS, PHONEME_BUCKET
 from engine.piper.onnx_weights import load_vits
 from engine.piper.vits import Vits
 from engine.threads import configure_cpu_threads, onnx_session_options
@@ -49,6 +57,36 @@ LONG_SENTENCE = (
     "dawn for them"
 )
 WORD_COUNTS = (3, 10, 20, 40)
+# Each precision: the parts of the model computed in bfloat16 (every part still takes and
+# gives float32 at its boundary).
+PRECISIONS: dict[str, tuple[str, ...]] = {
+    "fp32": (),
+    "bf16": BF16_PARTS,
+    "bf16-encoder-fp32": tuple(p for p in BF16_PARTS if p != "enc_p"),
+}
+
+
+def precision_models(model: Vits, names: list[str]) -> dict[str, Vits]:
+    """``model`` for "fp32", and a copy with those parts in bfloat16 for each other name."""
+    models = {}
+    for name in names:
+        if name not in PRECISIONS:
+            raise SystemExit(f"unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
+        if not PRECISIONS[name]:
+            models[name] = model
+            continue
+        m = copy.deepcopy(model)
+        m.reduce_precision(torch.bfloat16, PRECISIONS[name])
+        models[name] = m
+    return models
+
+
+def encoder_dtypes(models: dict[str, Vits]) -> dict[str, str]:
+    """One precision per distinct text-encoder dtype (infer_prior differs only there)."""
+    firsts: dict[torch.dtype, str] = {}
+    for name, m in models.items():
+        firsts.setdefault(m.dtype_of("enc_p"), name)
+    return {name: str(dt).removeprefix("torch.") for dt, name in firsts.items()}
 
 
 def first_words(n: int) -> str:
@@ -137,38 +175,45 @@ def timed_first(make_iter) -> float:
     return CLOCK() - t
 
 
-def rtf_table(model, voice, sentences, scales, repeats: int) -> list[dict]:
-    engines = {
-        "onnxruntime (whole sentence)": lambda ids: ort_synth(voice, ids, scales),
-        "torch, whole sentence": lambda ids: torch_whole(model, ids, scales),
-        "torch, infer_latent + decode_chunks": lambda ids: np.concatenate(
-            list(torch_decode_chunks(model, ids, scales))
-        ),
-        "torch, infer_prior + stream_chunks": lambda ids: np.concatenate(
-            list(torch_stream(model, ids, scales))
-        ),
-    }
-    runs: dict[str, list[tuple[float, int]]] = {k: [] for k in engines}
+def rtf_table(models: dict[str, Vits], voice, sentences, scales, repeats: int) -> list[dict]:
+    ORT = ("onnxruntime (whole sentence)", "fp32")
+    engines = {ORT: lambda ids: ort_synth(voice, ids, scales)}
+    if "fp32" in models:
+        fp32 = models["fp32"]
+        engines["torch, whole sentence", "fp32"] = lambda ids: torch_whole(fp32, ids, scales)
+        engines["torch, infer_latent + decode_chunks", "fp32"] = lambda ids: np.concatenate(
+            list(torch_decode_chunks(fp32, ids, scales))
+        )
+    for precision, m in models.items():
+        engines["torch, infer_prior + stream_chunks", precision] = (
+            lambda ids, m=m: np.concatenate(list(torch_stream(m, ids, scales)))
+        )
+    runs: dict[tuple[str, str], list[tuple[float, int]]] = {k: [] for k in engines}
     for _ in range(repeats + 1):  # pass 0 = fresh lengths
-        for name, fn in engines.items():
+        for key, fn in engines.items():
             total_t, total_n = 0.0, 0
             for ids in sentences:
                 t, n = timed(lambda: fn(ids))
                 total_t += t
                 total_n += n
-            runs[name].append((total_t, total_n))
-    sr = model.sample_rate
-    ref = statistics.median(t for t, _ in runs["onnxruntime (whole sentence)"][1:])
+            runs[key].append((total_t, total_n))
+    sr = voice.config.sample_rate
+    ref = statistics.median(t for t, _ in runs[ORT][1:])
     rows = []
-    for name, r in runs.items():
+    for (name, precision), r in runs.items():
         t = statistics.median(x for x, _ in r[1:])
         audio = r[1][1] / sr
-        rows.append({"engine": name, "audio_s": audio, "compute_s": t, "rtf": t / audio,
-                     "rtf_fresh": r[0][0] / (r[0][1] / sr), "vs_onnxruntime": t / ref, "compute_s_runs": r})
+        rows.append({"engine": name, "precision": precision, "audio_s": audio, "compute_s": t,
+                     "rtf": t / audio, "rtf_fresh": r[0][0] / (r[0][1] / sr), "vs_onnxruntime": t / ref,
+                     "compute_s_runs": r})
     return rows
 
 
-def latency_table(model, voice, scales, repeats: int) -> dict:
+def latency_table(models: dict[str, Vits], voice, scales, repeats: int) -> dict:
+    """First-piece latency per precision. ``models`` must hold "fp32": the ratios to 3
+    words, the fp32-only columns and the floor are its."""
+    model = models["fp32"]
+    encoders = encoder_dtypes(models)  # infer_prior timed once per encoder dtype
     inputs = {}
     for n in WORD_COUNTS:
         ids = voice.phonemes_to_ids(voice.phonemize(first_words(n))[0])
@@ -178,34 +223,43 @@ def latency_table(model, voice, scales, repeats: int) -> dict:
         "ort": lambda ids, z: timed(lambda: ort_synth(voice, ids, scales))[0],
         "piece": lambda ids, z: timed_first(lambda: decode_chunks(model, z)),
         "decode": lambda ids, z: timed_first(lambda: torch_decode_chunks(model, ids, scales)),
-        "stream": lambda ids, z: timed_first(lambda: torch_stream(model, ids, scales)),
-        "prior": lambda ids, z: timed(lambda: torch_prior(model, ids, scales))[0],
     }
-    # Every repeat runs every length and method, so the ratios between lengths compare
-    # times taken under the same background load.
-    times = {(n, m): [] for n in WORD_COUNTS for m in methods}
+    for p, m in models.items():
+        methods[f"stream {p}"] = lambda ids, z, m=m: timed_first(lambda: torch_stream(m, ids, scales))
+    for p in encoders:
+        methods[f"prior {p}"] = lambda ids, z, m=models[p]: timed(lambda: torch_prior(m, ids, scales))[0]
+    # Every repeat runs every length, method and precision, so the ratios between lengths
+    # and between precisions compare times taken under the same background load.
+    times = {(n, k): [] for n in WORD_COUNTS for k in methods}
     for _ in range(repeats + 1):  # pass 0 = fresh lengths
         for n, (ids, z) in inputs.items():
-            for m, fn in methods.items():
-                times[n, m].append(fn(ids, z))
-    rows = []
-    for n, (ids, _) in inputs.items():
-        audio = len(ort_synth(voice, ids, scales)) / model.sample_rate
-        med = [statistics.median(times[n, m][1:]) for m in methods]
-        rows.append((n, len(ids), audio, *med, times[n, "stream"][0], prior_flops(model, ids, scales)))
-    base = rows[0]
+            for k, fn in methods.items():
+                times[n, k].append(fn(ids, z))
+    med = {key: statistics.median(ts[1:]) for key, ts in times.items()}
+    flops = {n: prior_flops(model, ids, scales) for n, (ids, _) in inputs.items()}
+    base = WORD_COUNTS[0]
     rate = gemm_rate(model, repeats)
     out = []
-    for n, t, audio, o, p, d, st, prior, s0, flops in rows:
+    for n, (ids, _) in inputs.items():
+        audio = len(ort_synth(voice, ids, scales)) / model.sample_rate
+        stream = {p: med[n, f"stream {p}"] for p in models}
         out.append({
-            "words": n, "phoneme_ids": t, "audio_s": audio, "ort_whole_ms": o * 1e3, "piece_z_given_ms": p * 1e3,
-            "latent_decode_ms": d * 1e3, "stream_ms": st * 1e3, "stream_fresh_ms": s0 * 1e3,
-            "ratio_piece": p / base[4], "ratio_decode": d / base[5], "ratio_stream": st / base[6],
-            "prior_ms": prior * 1e3, "prior_gflop": flops / 1e9,
-            # The 3-word time plus the extra infer_prior work at this machine's matmul rate.
-            "ratio_floor": (base[6] + (flops - base[9]) / rate) / base[6],
+            "words": n, "phoneme_ids": len(ids), "audio_s": audio, "ort_whole_ms": med[n, "ort"] * 1e3,
+            "piece_z_given_ms": med[n, "piece"] * 1e3, "latent_decode_ms": med[n, "decode"] * 1e3,
+            "ratio_piece": med[n, "piece"] / med[base, "piece"],
+            "ratio_decode": med[n, "decode"] / med[base, "decode"],
+            # Per precision:
+            "stream_ms": {p: t * 1e3 for p, t in stream.items()},
+            "stream_fresh_ms": {p: times[n, f"stream {p}"][0] * 1e3 for p in models},
+            "ratio_stream": {p: t / med[base, f"stream {p}"] for p, t in stream.items()},
+            "stream_vs_fp32": {p: t / stream["fp32"] for p, t in stream.items()},
+            # Per text-encoder dtype, named by the first precision that has it:
+            "prior_ms": {p: med[n, f"prior {p}"] * 1e3 for p in encoders},
+            "prior_gflop": flops[n] / 1e9,
+            # The fp32 3-word time plus the extra infer_prior work at this machine's matmul rate.
+            "ratio_floor": (med[base, "stream fp32"] + (flops[n] - flops[base]) / rate) / med[base, "stream fp32"],
         })
-    return {"rows": out, "matmul_gflops": rate / 1e9}
+    return {"rows": out, "matmul_gflops": rate / 1e9, "precisions": list(models), "encoders": encoders}
 
 
 def receptive_field(model: Vits) -> str:
@@ -238,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="torch and ORT intra-op threads (0: configure_cpu_threads)")
     ap.add_argument("--receptive-field", action="store_true")
     ap.add_argument("--device", default="cpu", help="torch device for the port (ORT stays on the CPU)")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS),
+                    help=f"comma-separated, from {', '.join(PRECISIONS)} (fp32 is always run: "
+                         "the latency ratios are its)")
     ap.add_argument("--deterministic", action="store_true", help="noise_scale = noise_w = 0")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: process CPU time; with --threads 1 it ignores other processes' load")
@@ -267,20 +324,27 @@ def main(argv: list[str] | None = None) -> None:
     scales = (0.0, inf.length_scale, 0.0) if args.deterministic else (
         inf.noise_scale, inf.length_scale, inf.noise_w_scale
     )
-    # Warm both engines (one-time JIT / allocator setup) on unrelated text.
+    names = ["fp32"] + [p for p in dict.fromkeys(args.precisions.split(",")) if p and p != "fp32"]
+    models = precision_models(model, names)
+    # Warm every engine and precision (one-time JIT / allocator setup, oneDNN's per-shape
+    # bf16 kernels) on unrelated text.
     warm = voice.phonemes_to_ids(voice.phonemize("Warming up the engines.")[0])
     for _ in range(2):
         ort_synth(voice, warm, scales)
         torch_whole(model, warm, scales)
-        list(torch_stream(model, warm, scales))
+        list(torch_decode_chunks(model, warm, scales))
+        for m in models.values():
+            list(torch_stream(m, warm, scales))
 
     sentences = [voice.phonemes_to_ids(p) for p in voice.phonemize(PARAGRAPH)]
     print(f"device {args.device}; threads: torch {torch.get_num_threads()}, onnxruntime "
-          f"{threads}; scales {scales}; repeats {args.repeats}; clock {args.clock}\n")
-    rtf = rtf_table(model, voice, sentences, scales, args.repeats)
-    latency = latency_table(model, voice, scales, args.repeats)
+          f"{threads}; scales {scales}; repeats {args.repeats}; clock {args.clock}; "
+          f"precisions {', '.join(names)}\n")
+    rtf = rtf_table(models, voice, sentences, scales, args.repeats)
+    latency = latency_table(models, voice, scales, args.repeats)
     result = {"rtf": rtf, "latency": latency, "sentences": len(sentences), "threads": threads,
-              "torch_threads": torch.get_num_threads(), "scales": scales}
+              "torch_threads": torch.get_num_threads(), "scales": scales, "precisions": names,
+              "bf16_parts": {p: list(PRECISIONS[p]) for p in names}}
     print(f"### Real-time factor, {len(sentences)}-sentence paragraph\n")
     print("\n".join(tables.piper_rtf(result)))
     print("\n### Time to first audio, first sentence of N words\n")

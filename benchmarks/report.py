@@ -84,9 +84,9 @@ def quality_targets(r: dict[str, Any]) -> list[str]:
 def comparison_table(r: dict[str, Any]) -> list[str]:
     """Every server side by side: concurrency 1, then the streams each held."""
     lines = [
-        "| server | protocol | TTFA p50 | p95 | p99 | three sentences: TTFA p50 | last audio p50 | "
+        "| server | protocol | precision | TTFA p50 | p95 | p99 | three sentences: TTFA p50 | last audio p50 | "
         "streams held, staggered | held, burst | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in r["servers"].items():
         one, three = s["single"], s["three_sentences"]
@@ -95,7 +95,7 @@ def comparison_table(r: dict[str, Any]) -> list[str]:
             " (streaming)" if s.get("streaming") else "")
         errors = one["errors"] + sum(row["errors"] for row in s["staggered"][1:] + s["burst"])
         lines.append(
-            f"| {name} | {kind} | {_ms(t['p50'])} | {_ms(t['p95'])} | {_ms(t['p99'])} | "
+            f"| {name} | {kind} | {s.get('precision', '—')} | {_ms(t['p50'])} | {_ms(t['p95'])} | {_ms(t['p99'])} | "
             f"{_ms(three['ttfa_ms']['p50'])} | {_ms(one['last_audio_ms']['p50'])} | {_held(s['held_staggered'])} | "
             f"{_held(s['held_burst'])} | {errors} |"
         )

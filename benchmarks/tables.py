@@ -30,29 +30,36 @@ OPENING = re.compile(r"^<!-- table: (\S+) (\S+) -->$", re.M)
 
 def piper_rtf(r: dict[str, Any]) -> list[str]:
     lines = [
-        "| engine | audio s | compute s | RTF | vs onnxruntime |",
-        "|---|---:|---:|---:|---:|",
+        "| engine | precision | audio s | compute s | RTF | vs onnxruntime |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for row in r["rtf"]:
         lines.append(
-            f"| {row['engine']} | {row['audio_s']:.2f} | {row['compute_s']:.3f} | {row['rtf']:.4f} | "
-            f"{row['vs_onnxruntime']:.2f}× |"
+            f"| {row['engine']} | {row['precision']} | {row['audio_s']:.2f} | {row['compute_s']:.3f} | "
+            f"{row['rtf']:.4f} | {row['vs_onnxruntime']:.2f}× |"
         )
     return lines
 
 
 def piper_latency(r: dict[str, Any]) -> list[str]:
-    lines = [
-        "| words | phoneme ids | onnxruntime, whole sentence | `stream_chunks` first piece | ratio to 3 words | "
-        "`infer_prior` alone | `infer_prior` GFLOP | ratio floor on this CPU |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in r["latency"]["rows"]:
-        lines.append(
-            f"| {row['words']} | {row['phoneme_ids']} | {row['ort_whole_ms']:.1f} ms | {row['stream_ms']:.1f} ms | "
-            f"{row['ratio_stream']:.2f}× | {row['prior_ms']:.1f} ms | {row['prior_gflop']:.2f} | "
-            f"{row['ratio_floor']:.2f}× |"
-        )
+    lat = r["latency"]
+    others = [p for p in lat["precisions"] if p != "fp32"]
+    encoders = lat["encoders"]  # precision naming each text-encoder dtype -> that dtype
+    head = ["words", "phoneme ids", "onnxruntime, whole sentence", "`stream_chunks` first piece fp32",
+            "fp32 ratio to 3 words"]
+    for p in others:
+        head += [f"first piece {p}", f"{p} ÷ fp32"]
+    head += [f"`infer_prior` alone, {dt} encoder" for dt in encoders.values()]
+    head += ["`infer_prior` GFLOP", "fp32 ratio floor on this CPU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for row in lat["rows"]:
+        cells = [str(row["words"]), str(row["phoneme_ids"]), f"{row['ort_whole_ms']:.1f} ms",
+                 f"{row['stream_ms']['fp32']:.1f} ms", f"{row['ratio_stream']['fp32']:.2f}×"]
+        for p in others:
+            cells += [f"{row['stream_ms'][p]:.1f} ms", f"{row['stream_vs_fp32'][p]:.2f}×"]
+        cells += [f"{row['prior_ms'][p]:.1f} ms" for p in encoders]
+        cells += [f"{row['prior_gflop']:.2f}", f"{row['ratio_floor']:.2f}×"]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -171,25 +178,35 @@ def contention(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+SERVER_LABELS = {"batched": "batched", "unbatched": "unbatched (--max-batch 1)",
+                 "bf16": "bf16 (--precision bf16)", "fp32": "fp32 (--precision fp32)"}
+
+
 def batching(r: dict[str, Any]) -> list[str]:
-    """benchmarks/batching.py: the batched server against --max-batch 1, in one run."""
-    b, u, floor = r["servers"]["batched"], r["servers"]["unbatched"], r["floor"]
-    n = r["args"]["newcomers"]
+    """benchmarks/batching.py: the batched server against --max-batch 1 (or, with
+    --precisions, bf16 against fp32), in one run."""
+    servers, n = r["servers"], r["args"]["newcomers"]
+    # With --precisions each server's burst is read against its own precision's floor.
+    own_floors = "floors" in r and len({f["batched_step_ms"] for f in r["floors"].values()}) > 1
+    floor_label = ("burst p95 ÷ its own floor (target ≤ 1.2)" if own_floors
+                   else f"burst p95 ÷ the floor, {r['floor']['batched_step_ms']:.1f} ms (target ≤ 1.2)")
     rows = [
         ("TTFA p50, one listener alone", lambda s: f"{s['single_ttfa_p50_ms']:.1f} ms"),
         (f"burst of {n}: TTFA p50", lambda s: f"{s['burst_ttfa_p50_ms']:.1f} ms"),
         (f"burst of {n}: TTFA p95", lambda s: f"{s['burst_ttfa_p95_ms']:.1f} ms"),
         ("burst p95 ÷ single p50 (target ≤ 4)", lambda s: f"{s['burst_p95_over_single']:.2f}"),
-        (f"burst p95 ÷ the floor, {floor['batched_step_ms']:.1f} ms (target ≤ 1.2)",
-         lambda s: f"{s['burst_p95_over_floor']:.2f}"),
+        (floor_label, lambda s: f"{s['burst_p95_over_floor']:.2f}" + (
+            f" (of {s['floor_ms']:.1f} ms)" if own_floors else "")),
         (f"burst of {n}: underruns (stall)", lambda s: (
             f"{s['burst_underruns']} ({s['burst_stall_ms']} ms)" if "burst_underruns" in s else "not measured")),
         ("staggered listeners held (levels " + ", ".join(map(str, r["args"]["levels"])) + ")",
          lambda s: f"{s['held']} of the compute limit {s['compute_limit']:.1f} ({s['held_over_limit']:.2f}×)"),
         ("engine steps by batch size", lambda s: _sizes(s["batch_sizes"])),
     ]
-    lines = ["| figure | batched | unbatched (--max-batch 1) |", "|---|---|---|"]
-    lines += [f"| {label} | {cell(b)} | {cell(u)} |" for label, cell in rows]
+    names = list(servers)
+    lines = ["| figure | " + " | ".join(SERVER_LABELS.get(k, k) for k in names) + " |",
+             "|---|" + "---|" * len(names)]
+    lines += [f"| {label} | " + " | ".join(cell(servers[k]) for k in names) + " |" for label, cell in rows]
     return lines
 
 
@@ -206,7 +223,43 @@ def _sizes(buckets: dict[str, float]) -> str:
     return ", ".join(out) or "none"
 
 
+def quality_precision(r: dict[str, Any]) -> list[str]:
+    """benchmarks/quality/precision.py: the reference, and the engine in fp32 and in bf16
+    (paired: the same seed), each row's WER, DNSMOS and seams."""
+    n = lambda x: "–" if x is None or x != x else f"{x:.2f}"  # noqa: E731
+    rows = r["rows"]
+    fp32 = next((rows[n] for n, p in r["config"]["precisions"].items() if p == "fp32"), None)
+    lines = [
+        "| row | WER % | over fp32 (points) | DNSMOS SIG | BAK | OVRL | seam ratio: median | worst | joins |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in rows.items():
+        d, seams = row["dnsmos"], row["seams"]
+        over = f"{row['wer'] - fp32['wer']:+.2f}" if fp32 and row is not fp32 else "–"
+        joins = seams["joins"]
+        lines.append(
+            f"| {name} | {row['wer']:.2f} | {over} | {n(d['sig'])} | {n(d['bak'])} | {n(d['ovrl'])} | "
+            f"{n(seams['median']) if joins else '–'} | {n(seams['worst']) if joins else '–'} | {joins or '–'} |"
+        )
+    return lines
+
+
+def precision_layers(r: dict[str, Any]) -> list[str]:
+    from benchmarks.precision_convs import layer_table  # imports torch: only when asked
+
+    return layer_table(r["layers"])
+
+
+def precision_decoder(r: dict[str, Any]) -> list[str]:
+    from benchmarks.precision_convs import decoder_table
+
+    return decoder_table(r["decoder"])
+
+
 RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "batching-precision": batching,
+    "precision-layers": precision_layers,
+    "precision-decoder": precision_decoder,
     "bench-headline": report.headline_table,
     "bench-servers": report.comparison_table,
     "bench-staggered": lambda r: report.load_table(r, "staggered"),
@@ -225,6 +278,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "quality": lambda r: report.quality_table(r["rows"]),
     "quality-targets": report.quality_targets,
     "quality-paired": report.paired_table,
+    "quality-precision": quality_precision,
 }
 
 

@@ -2,9 +2,10 @@
 
 Starts Voxwire (torch, no result cache, with its Wyoming door) and its peers
 (wyoming-piper, Piper's HTTP server) on 127.0.0.1 with the same voice file, loads the
-reference and Voxwire's engine in this process, and has every row speak the quality
-corpus (benchmarks/corpus/quality.txt): sentence by sentence, the rows in a shuffled
-order each time, each after a pause, so that background load hits them alike. The
+reference and Voxwire's engine in this process (in fp32 and in bf16, seeded alike:
+``rows.engines``), and has every row speak the quality corpus
+(benchmarks/corpus/quality.txt): sentence by sentence, the rows in a shuffled order
+each time, each after a pause, so that background load hits them alike. The
 time to first audio is taken as each utterance is heard; the listening (Whisper,
 DNSMOS) comes after all the speaking, so that it never competes with a server.
 

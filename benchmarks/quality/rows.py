@@ -4,8 +4,10 @@ Every row speaks the same corpus with the same voice file (Piper's en_US "joe"):
 
 - the reference: Piper's own library on onnxruntime, each sentence synthesised whole,
   in this process;
-- Voxwire's engine in this process (torch, chunked decoding): its seams are measured
-  where the engine's pieces join, which the network's frames do not show;
+- Voxwire's engine in this process (torch, chunked decoding), once in fp32 and once in
+  bf16, seeded alike so that the two draw the same noise and differ by the arithmetic
+  alone: its seams are measured where the engine's pieces join, which the network's
+  frames do not show;
 - Voxwire's socket at its defaults and in every format, its OpenAI route (mp3, its
   default) and its Wyoming door: seams where the frames or chunks join;
 - the peers: wyoming-piper and Piper's HTTP server.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +28,12 @@ from benchmarks.loadgen import Heard, UtteranceResult
 from benchmarks.protocols import Opener, Session, Target, V1Session
 
 REFERENCE = "Piper, onnxruntime, whole sentences (reference)"
-ENGINE = "Voxwire engine in process (torch, chunked)"
+ENGINE_FP32 = "Voxwire engine, fp32"
+ENGINE_BF16 = "Voxwire engine, bf16"
+ENGINES = {ENGINE_FP32: "fp32", ENGINE_BF16: "bf16"}
+"""The engine in process (torch, chunked) at each precision, and the setting it is built with."""
+ENGINE_SEED = 1234
+"""The seed both engine rows speak with, so that they are paired (``EngineSession``)."""
 SOCKET = "Voxwire socket, pcm_s16le 22.05 kHz (default)"
 OPENAI = "Voxwire OpenAI route, mp3 (default)"
 WYOMING = "Voxwire Wyoming door"
@@ -82,16 +90,32 @@ class ReferenceSession:
 
 class EngineSession:
     """Voxwire's default engine (Piper, torch, chunked decoding) in this process; the
-    joins are where its pieces meet."""
+    joins are where its pieces meet.
 
-    def __init__(self) -> None:
+    ``precision``: the engine's setting ("auto", "fp32", "bf16"; ``self.engine.precision``
+    is what it resolved to). ``seed``: before each sentence, torch's global generator is
+    seeded from the seed and the sentence's text. Piper draws its noise from that
+    generator in the thread that calls it, and ``speak_sync`` runs the engine in the
+    calling thread, so two sessions with the same seed draw the same noise for the same
+    sentence: an fp32 and a bf16 session then differ by the arithmetic alone, and fp32
+    repeats itself sample for sample."""
+
+    def __init__(self, precision: str = "auto", seed: int | None = None) -> None:
         from engine.base import SynthesisParams
         from engine.registry import EngineOptions, engine_factory
 
-        self.engine = engine_factory(EngineOptions(name="piper"))()
+        self.engine = engine_factory(EngineOptions(name="piper", precision=precision))()
         self.params = SynthesisParams(voice=self.engine.default_voice() or "")
+        self.seed = seed
+
+    def reseed(self, text: str) -> None:
+        if self.seed is not None:
+            import torch
+
+            torch.manual_seed(zlib.crc32(text.encode("utf-8")) + self.seed)
 
     def speak_sync(self, text: str) -> UtteranceResult:
+        self.reseed(text)
         start = time.perf_counter()
         pieces, first = [], float("nan")
         for piece in self.engine.synthesize(text, self.params):
@@ -129,11 +153,13 @@ def of_target(target: Target) -> Row:
     return Row(target.name, open_, chunked=target.kind in ("v1", "wyoming"))
 
 
+def engines(seed: int = ENGINE_SEED) -> list[Row]:
+    """The engine in process at fp32 and at bf16, paired: the same seed for both."""
+    return [Row(name, _opened(EngineSession(precision, seed)), chunked=True) for name, precision in ENGINES.items()]
+
+
 def in_process() -> list[Row]:
-    return [
-        Row(REFERENCE, _opened(ReferenceSession()), chunked=False),
-        Row(ENGINE, _opened(EngineSession()), chunked=True),
-    ]
+    return [Row(REFERENCE, _opened(ReferenceSession()), chunked=False), *engines()]
 
 
 def voxwire(port: int, wyoming_port: int | None) -> list[Row]:

@@ -60,13 +60,16 @@ GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 # frame leaves only 200 ms of a 325 ms piece at once, so the longer piece alone halved
 # the stalls; with the second steps only decoding, none was left, for first audio a
 # quarter to a third later. A burst of eight still stalls on 2 cores, but for a third
-# as long, its first audio a third later (benchmarks/README.md, bursts).
-WIDE_START = 3
-# What "bf16" computes in bf16: the flow and the decoder, nearly all of the work. The text
-# encoder stays fp32 because its output decides the durations: in bf16 it moved 0.65% of
-# them by a frame (37 of 5677 phonemes over 47 corpus sentences), shifting word timings and
-# everything after, to save 3 ms of a 25 ms first piece (benchmarks/README.md, precision).
-BF16_PARTS = ("flow", "dec")
+# as long, its first audio a third later (benchmarks/README.md, bursts). In bf16 the
+# second steps are quicker, and a burst of four played through on the short piece, its
+# first audio 13% sooner (benchmarks/README.md, "Precision"): bf16 widens from five.
+WIDE_START = {"fp32": 3, "bf16": 5}
+# What "bf16" computes in bf16: the text encoder, the flow and the decoder. The duration
+# predictor stays fp32, and so does the rounding of its output to whole frames: in bf16 it
+# moved 4.2% of the corpus's durations, where the encoder in bf16 moves 0.7% (by a frame or
+# a few; the audio and its word timings come from the same durations either way). The
+# encoder's share is a fifth of a burst's first step (benchmarks/README.md, "Precision").
+BF16_PARTS = ("enc_p", "flow", "dec")
 
 
 @dataclass(frozen=True)
@@ -322,7 +325,7 @@ class PiperEngine(Engine):
                                                 [starting[i].length_scale for i in part], cfg.noise_w_scale,
                                                 bucket=PHONEME_BUCKET)
             newcomers = {id(s) for s in starting if s.next_sentence == 0}
-            wide = self.width_costs_time and len(newcomers) >= WIDE_START
+            wide = self.width_costs_time and len(newcomers) >= WIDE_START[self.precision]
             for s, (z_p, d) in zip(starting, priors):
                 first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and id(s) in newcomers else (FIRST_CHUNK_FRAMES, 1)
                 decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,

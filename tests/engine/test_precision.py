@@ -69,7 +69,7 @@ def test_piper_on_a_cpu_without_bf16_gets_fp32_from_auto(cpu_without_bf16):
 
 def test_piper_in_bf16_speaks():
     """Forced bf16 (whatever this CPU has): real speech, at the voice's rate, as long as
-    fp32's for the same durations (noise off, so both decode the same alignment)."""
+    fp32's within a frame or two (noise off: the same text gives nearly the same durations)."""
     from engine.piper.engine import PiperEngine
 
     engines = {p: PiperEngine(precision=p) for p in ("fp32", "bf16")}
@@ -78,7 +78,7 @@ def test_piper_in_bf16_speaks():
         voice.config = dataclasses.replace(voice.config, noise_scale=0.0, noise_w_scale=0.0)
     fp32, bf16 = (_audio(engines[p]) for p in ("fp32", "bf16"))
     assert engines["bf16"].precision == "bf16" and engines["bf16"].sample_rate == 22050
-    assert bf16.dtype == np.float32 and bf16.shape == fp32.shape
+    assert bf16.dtype == np.float32 and abs(bf16.size - fp32.size) <= 2 * 256
     assert np.sqrt(np.mean(bf16**2)) > 0.2 * np.sqrt(np.mean(fp32**2)) > 0
     assert np.abs(bf16).max() <= 1.0
 

@@ -103,22 +103,24 @@ def test_a_wide_burst_gets_longer_first_pieces_and_the_same_audio(engine):
     from engine.piper.engine import WIDE_START
 
     hop = engine._voices["joe"].config.hop_length
-    texts = [TEXTS["long"], TEXTS["medium"], TEXTS["medium"] + " Again."]
+    texts = [TEXTS["long"], TEXTS["medium"], TEXTS["medium"] + " Again.", "Good morning, everyone.",
+             "The weather will be mild today."]
+    wide_start = WIDE_START[engine.precision]
 
     def first_audio(pieces) -> np.ndarray:
         return next(p for p in pieces if isinstance(p, np.ndarray))
 
-    wide = texts[:WIDE_START]
+    wide = texts[:wide_start]
     alone = [list(engine.synthesize(t, PARAMS)) for t in wide]
     together, sizes = run_batched(engine, wide, joins=[0] * len(wide))
-    assert sizes[0] == WIDE_START
+    assert sizes[0] == wide_start
     for one, batched in zip(alone, together):
         assert first_audio(one).size == FIRST_CHUNK_FRAMES * hop
         assert first_audio(batched).size == 2 * FIRST_CHUNK_FRAMES * hop
         a, b = split(one)[0], split(batched)[0]
         assert a.shape == b.shape and np.abs(a - b).max() < MATCH[engine.precision][0]
     # Fewer at once keep the short first piece.
-    pieces, _ = run_batched(engine, texts[: WIDE_START - 1], joins=[0] * (WIDE_START - 1))
+    pieces, _ = run_batched(engine, texts[: wide_start - 1], joins=[0] * (wide_start - 1))
     assert all(first_audio(p).size == FIRST_CHUNK_FRAMES * hop for p in pieces)
 
 

@@ -1,5 +1,5 @@
 """The bf16 path of the Piper port: chunked equals whole within bf16, both stay near fp32,
-and what must stay exact (the durations) does.
+and the duration predictor, the sensitive part, stays fp32.
 
 Bounds, per sentence, from six sentences measured on this CPU (oneDNN, AVX512-BF16):
 - chunked bf16 against whole-sentence bf16: 58-70 dB SNR (inf for a one-chunk sentence).
@@ -65,9 +65,9 @@ def float8(z: torch.Tensor) -> torch.Tensor:
     return z.to(torch.float8_e5m2).float()
 
 
-def test_bf16_computes_the_flow_and_decoder_in_bf16_and_keeps_the_rest_fp32(bf16: Vits, priors):
+def test_bf16_keeps_the_duration_predictor_and_the_last_conv_fp32(bf16: Vits, priors):
     assert [bf16.dtype_of(p) for p in ("enc_p", "dp", "flow", "dec")] == [
-        torch.float32, torch.float32, torch.bfloat16, torch.bfloat16,
+        torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16,
     ]
     assert bf16.dec.conv_post.weight.dtype == torch.float32  # the audio itself is not bf16-quantised
     assert bf16.dec.ups[0].weight.is_contiguous(memory_format=torch.contiguous_format) is False  # channels-last kept
@@ -122,22 +122,35 @@ def test_the_bf16_decoder_stays_near_fp32(vits: Vits, bf16: Vits, priors, damage
     assert (min(snrs) >= DECODER_SNR_DB) if damage is None else (max(snrs) < DECODER_SNR_DB), snrs
 
 
-def test_durations_stay_exact_in_bf16_and_would_not_with_the_encoder_in_bf16(vits: Vits, bf16: Vits, piper_voice):
-    """The alignment (word timings, every later frame) rests on ceil(duration): bf16 leaves
-    the encoder and duration predictor in fp32 and gives fp32's durations exactly. The
-    encoder in bf16 moves some by a frame, which is why it stays fp32."""
-    everything = reduced(vits, ("enc_p", "flow", "dec"))
-    moved = 0
+def _durations(model: Vits, ids: torch.Tensor, dp_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The durations ``model`` gives (noise seeded); ``dp_dtype``: run its duration
+    predictor in that type instead (its inputs cast, its output cast back)."""
+    if dp_dtype is None:
+        return model.infer_prior(ids, 0.667, 1.0, 0.8, torch.Generator().manual_seed(1), bucket=32)[1]
+    model = copy.deepcopy(model)
+    dp, reverse = model.dp.to(dp_dtype), model.dp.reverse
+    dp.reverse = lambda x, mask, noise: reverse(x.to(dp_dtype), mask.to(dp_dtype), noise.to(dp_dtype)).float()
+    return _durations(model, ids)
+
+
+def test_the_duration_predictor_stays_fp32_because_bf16_would_move_far_more_durations(
+    vits: Vits, bf16: Vits, piper_voice,
+):
+    """Each duration is rounded up to whole frames, so a small change near a rounding
+    point moves it a frame. bf16's encoder moves a few (0.7% over the quality corpus,
+    where the duration predictor in bf16 moved 4.2%); the audio and its word timings come
+    from the same durations, so they stay consistent with each other either way."""
+    phonemes = moved = moved_by_dp = 0
     for text in SENTENCES:
         ids = torch.tensor(piper_voice.phonemes_to_ids(piper_voice.phonemize(text)[0]))
-
-        def durations(model: Vits) -> torch.Tensor:
-            return model.infer_prior(ids, 0.667, 1.0, 0.8, torch.Generator().manual_seed(1), bucket=32)[1]
-
-        reference = durations(vits)
-        assert torch.equal(durations(bf16), reference)
-        moved += int((durations(everything) != reference).sum())
-    assert moved > 0
+        reference = _durations(vits, ids)
+        ours = _durations(bf16, ids)
+        phonemes += reference.numel()
+        moved += int((ours != reference).sum())
+        moved_by_dp += int((_durations(bf16, ids, torch.bfloat16) != reference).sum())
+        assert abs(int(ours.sum()) - int(reference.sum())) <= 0.02 * int(reference.sum())
+    assert moved <= 0.02 * phonemes, (moved, phonemes)
+    assert moved_by_dp > 2 * max(moved, 1), (moved_by_dp, moved)
 
 
 def test_reduce_precision_names_only_its_parts(vits: Vits):
