@@ -206,8 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in procs:
             stop(proc)
-    # The floor is a batched step: the precision's own where precisions are compared.
-    floors = {name: floor(args.newcomers, args.threads, name if args.precisions else "auto") for name in variants}
+    # The floor is a batched step: each precision's own where precisions are compared.
+    if args.precisions:
+        floors = {name: floor(args.newcomers, args.threads, name) for name in variants}
+    else:
+        shared = floor(args.newcomers, args.threads)
+        floors = {name: shared for name in variants}
     rows = summarise(raw, floors)
     for name, f in floors.items():
         print(f"{name:>9} floor: {args.newcomers} first chunks in one batched step {f['batched_step_ms']} ms, "

@@ -565,7 +565,7 @@ class Generator(nn.Module):
             x = acc.div_(k)
         # The final activation uses torch's default slope (0.01), as trained. conv_post
         # may compute in a wider type than the rest (Vits.reduce_precision): its output is
-        # the audio itself, which bf16's 8-bit mantissa would quantise to ~50 dB SNR.
+        # the audio itself, which bf16's 8 significant bits would round to 1 part in 256.
         return torch.tanh(self.conv_post(F.leaky_relu(x).to(self.conv_post.weight.dtype)))
 
 
