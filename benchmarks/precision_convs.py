@@ -44,6 +44,7 @@ import torch.ao.nn.quantized as nnq
 from torch import nn
 from torch.ao.quantization import MinMaxObserver
 
+from benchmarks.corpus import PRECISION_SENTENCES
 from benchmarks.report import save_results
 from engine.piper.chunked import CHUNK_FRAMES, CONTEXT_FRAMES
 from engine.piper.onnx_weights import load_vits
@@ -55,14 +56,7 @@ CALIBRATION = [
     "needing his lamp.",
     "Visitors sometimes asked him why he bothered, and he would smile.",
 ]
-SENTENCES = [  # tests/engine/piper/test_precision.py's, where the bf16 decoder measured 38-41 dB
-    "Streaming synthesis lets a listener hear the first words while the rest of the sentence is still being computed.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Hi there.",
-    "Your flight to Denver leaves at seven forty-five tomorrow morning from gate twelve.",
-    "I couldn't find a restaurant open after midnight, but the diner on Fifth Street closes at two.",
-    "Would you like me to read the rest of the message?",
-]
+SENTENCES = PRECISION_SENTENCES  # where the bf16 decoder measured 38-41 dB in make test
 SCALES = (0.667, 1.0, 0.8)
 WINDOW = CHUNK_FRAMES + 2 * CONTEXT_FRAMES
 CALLS = 5  # per variant and repeat, per layer (the decoder: 2)

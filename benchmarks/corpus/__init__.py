@@ -39,6 +39,17 @@ THREE_SENTENCES = (
     "Take an umbrella if you go out later."
 )
 
+PRECISION_SENTENCES = [
+    "Streaming synthesis lets a listener hear the first words while the rest of the sentence is still being computed.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Hi there.",
+    "Your flight to Denver leaves at seven forty-five tomorrow morning from gate twelve.",
+    "I couldn't find a restaurant open after midnight, but the diner on Fifth Street closes at two.",
+    "Would you like me to read the rest of the message?",
+]
+"""Where bf16 is held against fp32, sample by sample: tests/engine/piper/test_precision.py's
+bounds and benchmarks/precision_convs.py's decoder SNR."""
+
 WARMUP = ["Warming up.", "This sentence warms up the voice before anything is measured."]
 """What every server, and the floor, speaks before it is measured."""
 

@@ -24,13 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import corpus, machine, peers, report
-from benchmarks.peers import SETTLE_S
+from benchmarks import corpus, peers, report
 from benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from benchmarks.protocols import Target
 from benchmarks.quality import rows as R
-from benchmarks.quality.asr import Transcriber
-from benchmarks.quality.listen import hear, listen
+from benchmarks.quality.listen import hear, judged
 from benchmarks.quality.targets import checks
 
 _T0 = time.monotonic()
@@ -59,18 +57,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stop(proc)
         for p in others:
             p.stop()
-    log("listening: Whisper and DNSMOS")
-    transcriber = Transcriber()
-    figures = listen(rows, heard, transcriber, log)
-    return {
-        "machine": machine.facts("cpu"),
-        "config": {"sentences": len(texts), "corpus": "benchmarks/corpus/quality.txt", "asr": transcriber.name,
-                   "dnsmos": "speechmos DNSMOS P.835 (sig_bak_ovr.onnx)", "voice": model.name,
-                   "settle_s": SETTLE_S},
-        "rows": figures,
-        "targets": checks(figures),
-        "elapsed_s": round(time.monotonic() - _T0, 1),
-    }
+    result = judged(rows, heard, len(texts), log)
+    result["config"]["voice"] = model.name
+    return {**result, "targets": checks(result["rows"]), "elapsed_s": round(time.monotonic() - _T0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,3 +53,18 @@ def listen(rows: list[Row], heard: dict[str, list[Sample]], transcriber: Transcr
         f = figures[row.name] = {"chunked": row.chunked, **score(heard[row.name], transcriber)}
         log(f"{row.name}: WER {f['wer']:.2f}%, DNSMOS OVRL {f['dnsmos']['ovrl']:.2f}, seams {f['seams']}")
     return figures
+
+
+def judged(rows: list[Row], heard: dict[str, list[Sample]], sentences: int,
+           log: Callable[[str], None] = _quiet) -> dict[str, Any]:
+    """A stored run's body: this machine, what listened, and every row's figures."""
+    from benchmarks import machine
+
+    log("listening: Whisper and DNSMOS")
+    transcriber = Transcriber()
+    return {
+        "machine": machine.facts("cpu"),
+        "config": {"sentences": sentences, "corpus": "benchmarks/corpus/quality.txt", "asr": transcriber.name,
+                   "dnsmos": "speechmos DNSMOS P.835 (sig_bak_ovr.onnx)", "settle_s": SETTLE_S},
+        "rows": listen(rows, heard, transcriber, log),
+    }

@@ -26,11 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import corpus, machine
-from benchmarks.peers import SETTLE_S
+from benchmarks import corpus
 from benchmarks.quality import rows as R
-from benchmarks.quality.asr import Transcriber
-from benchmarks.quality.listen import hear, listen
+from benchmarks.quality.listen import hear, judged
 from benchmarks.quality.score import Sample
 from benchmarks.quality.targets import checks
 
@@ -61,19 +59,10 @@ def run(texts: list[str]) -> dict[str, Any]:
     rows = R.in_process()
     log(f"{len(rows)} rows speak {len(texts)} sentences")
     heard = asyncio.run(hear(rows, texts, log))
-    log("listening: Whisper and DNSMOS")
-    transcriber = Transcriber()
-    figures = listen(rows, heard, transcriber, log)
-    return {
-        "machine": machine.facts("cpu"),
-        "config": {"sentences": len(texts), "corpus": "benchmarks/corpus/quality.txt", "asr": transcriber.name,
-                   "dnsmos": "speechmos DNSMOS P.835 (sig_bak_ovr.onnx)", "seed": R.ENGINE_SEED,
-                   "precisions": R.ENGINES, "settle_s": SETTLE_S},
-        "rows": figures,
-        "paired_seams": paired_seams(heard[R.ENGINE_FP32], heard[R.ENGINE_BF16]),
-        "targets": checks(figures),
-        "elapsed_s": round(time.monotonic() - _T0, 1),
-    }
+    result = judged(rows, heard, len(texts), log)
+    result["config"].update(seed=R.ENGINE_SEED, precisions=R.ENGINES)
+    return {**result, "paired_seams": paired_seams(heard[R.ENGINE_FP32], heard[R.ENGINE_BF16]),
+            "targets": checks(result["rows"]), "elapsed_s": round(time.monotonic() - _T0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,19 +21,13 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.corpus import PRECISION_SENTENCES
 from engine.piper.chunked import CONTEXT_FRAMES, stream_chunks
 from engine.piper.engine import BF16_PARTS
 from engine.piper.vits import Vits
 from tests.engine.piper.test_chunked_decode import snr_db
 
-SENTENCES = [
-    "Streaming synthesis lets a listener hear the first words while the rest of the sentence is still being computed.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Hi there.",
-    "Your flight to Denver leaves at seven forty-five tomorrow morning from gate twelve.",
-    "I couldn't find a restaurant open after midnight, but the diner on Fifth Street closes at two.",
-    "Would you like me to read the rest of the message?",
-]
+SENTENCES = PRECISION_SENTENCES
 CHUNKED_SNR_DB = 50.0
 FLOW_SNR_DB = 40.0
 DECODER_SNR_DB = 35.0
