@@ -4,10 +4,11 @@ Three rows speak the whole quality corpus in this process, as in the full harnes
 (``listen.hear``: sentence by sentence, in a shuffled order, each after a pause): the
 reference (Piper's library on onnxruntime, whole sentences) and Voxwire's engine (torch,
 chunked) in fp32 and in bf16. The two engine rows are seeded alike
-(``rows.EngineSession``): they draw the same noise, so they read every sentence with the
-same durations and joins, and what differs between them is the arithmetic alone. Then
-Whisper and DNSMOS hear all three (``listen.listen``), the precision targets are checked
-(``targets.checks``), and the seam ratios are compared join by join.
+(``rows.EngineSession``): they draw the same noise, so they read every sentence with
+nearly the same durations (bf16's encoder moves one now and then by a frame) and the same
+joins, and what differs between them is the arithmetic alone. Then Whisper and DNSMOS hear
+all three (``listen.judged``), the precision targets are checked (``targets.checks``), and
+the seam ratios are compared join by join.
 
     python -m benchmarks.quality.precision --out benchmarks/results/quality
 
