@@ -49,8 +49,11 @@ $(SERVE_STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
 
 # The CosyVoice2 reference (a test oracle only) goes in without its dependencies: it pins
 # torch, numpy and transformers versions that the project must not take.
+# The client's framework extras go in the same pip run as the server's: one resolution
+# picks versions that suit both (Pipecat wants protobuf < 7; Ray's grpcio-reflection's
+# newest wants 7, an older one does not).
 $(TEST_STAMP): $(SERVE_STAMP) $(ORACLE)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,ray]' -e 'clients/python[decode,pipecat,livekit]'
 	$(BIN)/python -m pip install --quiet --no-deps -r $(ORACLE)
 	touch $@
 

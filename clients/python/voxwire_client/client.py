@@ -161,6 +161,14 @@ class Utterance:
         self._active = False  # before the await: a send racing this cancel is dropped
         return await self._send({"type": "cancel", "ctx": self.ctx})
 
+    async def close(self) -> None:
+        """Cancel the utterance if the server is still speaking it, and stop receiving it:
+        for a consumer that reads no further (a stream its application closed). Audio
+        still on its way is dropped by the connection's reader, not queued here."""
+        await self.cancel()
+        self._ended = True
+        self.client._utterances.pop(self.ctx, None)
+
     async def played(self, samples: int) -> bool:
         """Tell the server how many samples of this utterance have been played so far (a
         running total): it then computes at most its flow window (a few seconds) beyond
@@ -222,7 +230,7 @@ class Utterance:
                 break  # busy: report after a later frame
             try:
                 return await asyncio.wait_for(self._inbox.get(), wait)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin before Python 3.11
                 continue
         return await self._inbox.get()
 
@@ -282,6 +290,16 @@ class Client:
 
     async def close(self) -> None:
         await self.ws.close()
+        await self.wait_closed()
+
+    @property
+    def closed(self) -> bool:
+        """The connection has ended, and with it every utterance on it (a new ``Client``
+        is needed): its reader has stopped."""
+        return self._reader is None or self._reader.done()
+
+    async def wait_closed(self) -> None:
+        """Return once the connection has ended and every utterance on it has been told."""
         if self._reader is not None:
             await asyncio.wait({self._reader})
 

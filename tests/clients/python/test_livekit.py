@@ -1,0 +1,254 @@
+"""The LiveKit Agents plugin (voxwire_client.livekit) driven by the real framework's
+stream and chunked-stream machinery, against a real Voxwire server on loopback: Piper for
+speech and word timings, the tone engine where a server with API keys is needed."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("livekit.agents")
+
+from livekit import rtc
+from livekit.agents import APIConnectionError, APIConnectOptions, APIStatusError
+from livekit.agents.tts import SynthesizedAudio
+from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+
+from server.config import AuthConfig, ServerConfig
+from tests.conftest import RunningServer, run_server
+from tests.fixtures.engines import WORD_SECONDS, ToneEngine
+from tests.server.test_metrics import scrape
+from tests.server.test_stream import ONE_LONG_SENTENCE, SENTENCE, SEVERAL, assert_speech
+from voxwire_client.livekit import TTS
+
+pytestmark = pytest.mark.timeout(60)
+
+NO_RETRY = APIConnectOptions(max_retry=0, timeout=10)
+CANCELLED = "voxwire_utterances_total{code=,door=ws,outcome=cancelled}"
+
+
+def tokens(text: str) -> list[str]:
+    """As an LLM sends them: words with their leading space."""
+    return re.findall(r"\s*\S+", text)
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[\w']+", text)
+
+
+def samples(frames: list[rtc.AudioFrame]) -> np.ndarray:
+    frame = rtc.combine_audio_frames(frames)
+    return np.frombuffer(frame.data, dtype=np.int16).astype(np.float32) / 32768
+
+
+def timed(events: list[SynthesizedAudio]) -> list:
+    return [t for ev in events for t in ev.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+
+
+async def first_audio(stream, events: list[SynthesizedAudio]) -> None:
+    """Read the stream into ``events`` until it has given some audio."""
+    async for ev in stream:
+        events.append(ev)
+        if ev.frame.samples_per_channel:
+            return
+
+
+async def drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+async def until(condition, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("rate", [16000, 24000])
+async def test_tokens_at_llm_pace_flush_and_end_give_speech_and_word_timings(piper_server, rate):
+    tts = TTS(url=piper_server.ws, sample_rate=rate)
+    stream = tts.stream()
+    events: list[SynthesizedAudio] = []
+
+    async def read() -> None:
+        async for ev in stream:
+            events.append(ev)
+
+    reader = asyncio.create_task(read())
+    for token in tokens(SEVERAL):
+        stream.push_text(token)
+        await asyncio.sleep(0.05)  # 20 tokens a second
+    stream.flush()
+    # Nothing follows the last sentence's full stop, so the server speaks it for the
+    # flush alone: its last word is timed before the input has ended.
+    await until(lambda: [t.strip() for t in timed(events)][-1:] == ["waits"])
+    stream.end_input()
+    await asyncio.wait_for(reader, 30)
+    await tts.aclose()
+
+    assert all(ev.frame.sample_rate == rate and ev.frame.num_channels == 1 for ev in events)
+    assert events[-1].is_final and not any(ev.is_final for ev in events[:-1])
+    audio = samples([ev.frame for ev in events])
+    assert_speech(audio, rate, words=len(words(SEVERAL)))
+    spoken = timed(events)
+    assert [t.strip() for t in spoken] == words(SEVERAL)
+    starts = [t.start_time for t in spoken]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    assert all(t.start_time < t.end_time for t in spoken)
+    # The last word ends just before the audio does: the frames are at the rate they say.
+    assert 0 < audio.size / rate - spoken[-1].end_time < 0.5
+
+
+async def test_aclose_mid_utterance_cancels_it_on_the_server(piper_server):
+    service = piper_server.service
+    closed_before = service.worker.stats.generators_closed
+    cancelled_before = scrape(piper_server).get(CANCELLED, 0)
+    tts = TTS(url=piper_server.ws)
+    stream = tts.stream()
+    # One ~20 s sentence: the engine is still inside it when the first frame arrives.
+    stream.push_text(ONE_LONG_SENTENCE)
+    stream.flush()
+    events: list[SynthesizedAudio] = []
+    await asyncio.wait_for(first_audio(stream, events), 30)
+    client = tts._client
+    assert client is not None and len(client._utterances) == 1
+    await stream.aclose()
+
+    await until(lambda: service.worker.active == 0 and service.admission.utterances == 0)
+    assert service.worker.stats.generators_closed >= closed_before + 1
+    await until(lambda: scrape(piper_server).get(CANCELLED, 0) == cancelled_before + 1)
+    # No more audio: the stream is over, and the socket's client no longer routes the
+    # cancelled utterance's frames anywhere.
+    assert [ev async for ev in stream] == []
+    assert client._utterances == {}
+    # The socket carries on with the next utterance.
+    frame = await tts.synthesize(SENTENCE).collect()
+    assert tts._client is client
+    assert_speech(samples([frame]), 24000, words=9)
+    await tts.aclose()
+
+
+async def test_synthesize_returns_the_whole_utterance(piper_server):
+    tts = TTS(url=piper_server.ws)
+    frame = await tts.synthesize(SENTENCE).collect()
+    await tts.aclose()
+    assert (frame.sample_rate, frame.num_channels) == (24000, 1)
+    assert_speech(samples([frame]), 24000, words=9)
+
+
+async def test_several_streams_share_one_socket_two_at_once(piper_server):
+    tts = TTS(url=piper_server.ws)
+
+    async def run(text: str) -> tuple[list[SynthesizedAudio], float, float]:
+        stream = tts.stream()
+
+        async def write() -> None:
+            for token in tokens(text):
+                stream.push_text(token)
+                await asyncio.sleep(0.02)
+            stream.end_input()
+
+        writer = asyncio.create_task(write())
+        events, times = [], []
+        async for ev in stream:
+            events.append(ev)
+            times.append(time.monotonic())
+        await writer
+        return events, times[0], times[-1]
+
+    first, _, _ = await run(SENTENCE)
+    client = tts._client
+    assert client is not None
+    await tts.synthesize("One more, on the same socket.").collect()
+    other = "Two voices may stream at once on a single connection."
+    (a, a_first, a_last), (b, b_first, b_last) = await asyncio.gather(run(SEVERAL), run(other))
+    assert tts._client is client  # one connection throughout
+    # Each stream has its own utterance's words, and the two were spoken at the same time.
+    assert [t.strip() for t in timed(first)] == words(SENTENCE)
+    assert [t.strip() for t in timed(a)] == words(SEVERAL)
+    assert [t.strip() for t in timed(b)] == words(other)
+    assert a_first < b_last and b_first < a_last
+    assert_speech(samples([ev.frame for ev in a]), 24000, words=len(words(SEVERAL)))
+    assert_speech(samples([ev.frame for ev in b]), 24000, words=len(words(other)))
+    await tts.aclose()
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[RunningServer]:
+    with run_server(ServerConfig(auth=AuthConfig(api_keys=("k1",)), cache_mb=0), engine=ToneEngine) as s:
+        yield s
+
+
+@pytest.mark.parametrize("key", ["wrong", None])
+async def test_a_wrong_or_missing_key_is_the_authentication_error(keyed, monkeypatch, key):
+    monkeypatch.delenv("VOXWIRE_API_KEY", raising=False)
+    tts = TTS(url=keyed.ws, api_key=key)
+    errors = []
+    tts.on("error", errors.append)
+    started = time.monotonic()
+    with pytest.raises(APIStatusError) as e:
+        await tts.synthesize("Let me in.").collect()  # with the default retries
+    assert e.value.status_code == 401 and not e.value.retryable
+    assert time.monotonic() - started < 2  # refused once, not retried (2 s between tries)
+    assert [err.recoverable for err in errors] == [False]
+    await tts.aclose()
+
+
+async def test_the_right_key_speaks_and_no_timings_are_asked_of_an_engine_without_them(keyed, monkeypatch):
+    monkeypatch.setenv("VOXWIRE_API_KEY", "k1")  # from the environment, as in a deployment
+    tts = TTS(url=keyed.ws)
+    assert tts.capabilities.aligned_transcript
+    frame = await tts.synthesize("tone words here").collect()
+    assert frame.sample_rate == 24000
+    assert frame.duration == pytest.approx(3 * WORD_SECONDS, abs=0.01)  # one tone a word
+    assert not tts.capabilities.aligned_transcript  # the tone engine has no word timings
+    await tts.aclose()
+
+
+async def test_a_dropped_connection_fails_the_stream_and_the_next_one_reconnects(piper_server):
+    tts = TTS(url=piper_server.ws)
+    stream = tts.stream(conn_options=NO_RETRY)
+    stream.push_text(ONE_LONG_SENTENCE)
+    stream.flush()
+    events: list[SynthesizedAudio] = []
+    await asyncio.wait_for(first_audio(stream, events), 30)
+    dropped = tts._client
+    dropped.ws.transport.abort()  # no close handshake: the network just went away
+    with pytest.raises(APIConnectionError):
+        await asyncio.wait_for(drain(stream), 10)  # the audio already emitted, then the failure
+    await stream.aclose()
+
+    stream = tts.stream()
+    for token in tokens(SENTENCE):
+        stream.push_text(token)
+    stream.end_input()
+    events = [ev async for ev in stream]
+    assert tts._client is not dropped
+    assert_speech(samples([ev.frame for ev in events]), 24000, words=9)
+    await tts.aclose()
+
+
+async def test_server_errors_are_api_errors_with_their_code(piper_server):
+    tts = TTS(url=piper_server.ws, voice="joe")
+    tts.update_options(voice="nobody")
+    with pytest.raises(APIStatusError) as e:
+        await tts.synthesize(SENTENCE).collect()
+    assert e.value.status_code == 400 and not e.value.retryable
+    assert e.value.message.startswith("unknown_voice:")
+
+    # A refused message is not the end of an utterance on the server (its error is not
+    # terminal), but the speech would miss that text: the stream fails, and cancels it.
+    tts.update_options(voice="joe")
+    stream = tts.stream()
+    stream.push_text("x" * (piper_server.service.config.limits.max_text_chars + 1))
+    with pytest.raises(APIStatusError) as e:
+        await asyncio.wait_for(drain(stream), 10)
+    assert e.value.message.startswith("text_too_long:")
+    await until(lambda: piper_server.service.admission.utterances == 0)
+    await tts.aclose()

@@ -1,0 +1,355 @@
+"""VoxwireTTSService (voxwire_client/pipecat.py) in real Pipecat pipelines against the real
+server (Piper) on loopback: speech and timed words from a TTSSpeakFrame and from an LLM's
+streamed tokens, a barge-in, a dropped connection, many turns on one socket, server
+errors, and a refused API key."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pipecat", reason="the client's pipecat extra (make test installs it)")
+
+from pipecat.frames.frames import (
+    EndFrame,
+    ErrorFrame,
+    Frame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    MetricsFrame,
+    TTSAudioRawFrame,
+    TTSSpeakFrame,
+    TTSStartedFrame,
+    TTSStoppedFrame,
+    TTSTextFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData, TTSUsageMetricsData
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.tests.utils import run_test
+from pipecat.utils.errors import ErrorCategory
+from pipecat.workers.runner import WorkerRunner
+
+from server.config import AuthConfig, ServerConfig
+from tests.conftest import run_server
+from tests.fixtures.engines import WORD_SECONDS, ToneEngine
+from tests.server.test_stream import ONE_LONG_SENTENCE, SENTENCE, SEVERAL, assert_speech
+from voxwire_client.pipecat import VoxwireTTSService
+
+SPEECH_FRAMES = (TTSStartedFrame, TTSAudioRawFrame, TTSTextFrame, TTSStoppedFrame)
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+def llm_turn(text: str) -> list[Frame]:
+    """An LLM's answer as Pipecat delivers it: one frame per token."""
+    tokens = re.findall(r"\s*\S+", text)
+    return [LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in tokens), LLMFullResponseEndFrame()]
+
+
+def errors(frames: list[Frame]) -> list[ErrorFrame]:
+    return [f for f in frames if isinstance(f, ErrorFrame)]
+
+
+def assert_spoken(frames: list[Frame], text: str, rate: int) -> str:
+    """One context, started and stopped, whose audio at ``rate`` is speech of the text's
+    length and whose words come one by one, in order, at increasing times. Returns its id."""
+    turn = [f for f in frames if isinstance(f, SPEECH_FRAMES)]
+    assert isinstance(turn[0], TTSStartedFrame) and isinstance(turn[-1], TTSStoppedFrame), turn
+    ctx = turn[0].context_id
+    assert ctx and all(f.context_id == ctx for f in turn)
+    audio = [f for f in turn if isinstance(f, TTSAudioRawFrame)]
+    assert audio and {(f.sample_rate, f.num_channels) for f in audio} == {(rate, 1)}
+    samples = np.frombuffer(b"".join(f.audio for f in audio), dtype="<i2").astype(np.float32) / 32768
+    assert_speech(samples, rate, words=len(words(text)))
+    timed = [f for f in turn if isinstance(f, TTSTextFrame)]
+    assert [w for f in timed for w in words(f.text)] == words(text)
+    assert len(timed) == len(words(text))  # one frame a word: timed by the server, not guessed at the end
+    times = [f.pts for f in timed]
+    assert all(times) and all(a < b for a, b in zip(times, times[1:]))
+    # The words span the audio, as the server timed them: not bunched up, not beyond its end.
+    seconds = samples.size / rate
+    assert 0.5 * seconds < (times[-1] - times[0]) / 1e9 < seconds
+    return ctx
+
+
+class Recorder(FrameProcessor):
+    """Passes every frame on and keeps it, with its direction."""
+
+    def __init__(self) -> None:
+        super().__init__(enable_direct_mode=True)
+        self.frames: list[tuple[Frame, FrameDirection]] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        self.frames.append((frame, direction))
+        await self.push_frame(frame, direction)
+
+    def seen(self, direction: FrameDirection = FrameDirection.DOWNSTREAM) -> list[Frame]:
+        return [f for f, d in self.frames if d is direction]
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def running(
+    tts: VoxwireTTSService, rate: int = 16000
+) -> AsyncIterator[tuple[PipelineWorker, Recorder, Recorder]]:
+    """A live pipeline ``[up, tts, down]``: the test queues frames and watches both ends
+    (errors travel upstream), where run_test would only show them once it has ended."""
+    up, down = Recorder(), Recorder()
+    worker = PipelineWorker(
+        Pipeline([up, tts, down]), params=PipelineParams(audio_out_sample_rate=rate), cancel_on_idle_timeout=False
+    )
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def on_started(worker: PipelineWorker, frame: Frame) -> None:
+        started.set()
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    run = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        yield worker, up, down
+    finally:
+        await worker.queue_frame(EndFrame())
+        await asyncio.wait_for(run, 30)
+
+
+def stops(down: Recorder) -> int:
+    return sum(isinstance(f, TTSStoppedFrame) for f in down.seen())
+
+
+def count_connects(tts: VoxwireTTSService) -> list[int]:
+    connects = [0]
+
+    @tts.event_handler("on_connected")
+    async def on_connected(tts: VoxwireTTSService) -> None:
+        connects[0] += 1
+
+    return connects
+
+
+# -- speech, words and their times ------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate", [16000, 24000])
+async def test_a_speak_frame_is_spoken_at_the_pipelines_rate_with_timed_words(piper_server, rate):
+    down, up = await run_test(
+        VoxwireTTSService(url=piper_server.ws),
+        frames_to_send=[TTSSpeakFrame(SENTENCE)],
+        pipeline_params=PipelineParams(audio_out_sample_rate=rate),
+        start_timeout=30,
+    )
+    assert not errors(up)
+    assert_spoken(down, SENTENCE, rate)
+
+
+@pytest.mark.parametrize("rate", [16000, 24000])
+async def test_an_llms_tokens_are_spoken_as_they_stream_with_metrics(piper_server, rate):
+    down, up = await run_test(
+        VoxwireTTSService(url=piper_server.ws),
+        frames_to_send=llm_turn(SEVERAL),
+        pipeline_params=PipelineParams(audio_out_sample_rate=rate, enable_metrics=True, enable_usage_metrics=True),
+        start_timeout=30,
+    )
+    assert not errors(up)
+    assert_spoken(down, SEVERAL, rate)
+    # The response's end comes after its speech, as the assistant's context aggregator needs.
+    assert isinstance(down[-1], LLMFullResponseEndFrame)
+    metrics = [d for f in down if isinstance(f, MetricsFrame) for d in f.data if d.processor.startswith("Voxwire")]
+    # (The pipeline's first MetricsFrame holds zeros for every processor.)
+    [ttfb] = [d.value for d in metrics if isinstance(d, TTFBMetricsData) and d.value > 0]
+    assert ttfb < 10  # from the first token to the first audio
+    assert [d.value for d in metrics if isinstance(d, TTSUsageMetricsData)] == [len(SEVERAL)]
+
+
+# -- many turns, one socket -------------------------------------------------------------
+
+
+async def test_turns_share_one_socket(piper_server):
+    admission = piper_server.service.admission
+    await until(lambda: admission.connections == 0, "earlier tests' sockets to close")
+    tts = VoxwireTTSService(url=piper_server.ws)
+    connects = count_connects(tts)
+    async with running(tts) as (worker, up, down):
+        texts = ["Good morning.", "How can I help you today?", "Goodbye for now."]
+        for i, text in enumerate(texts):
+            await worker.queue_frames([TTSSpeakFrame(text)] if i % 2 == 0 else llm_turn(text))
+            await until(lambda: stops(down) == i + 1, "the turn")
+            assert admission.connections == 1
+        assert connects == [1] and not errors(up.seen(FrameDirection.UPSTREAM))
+    ends = [f for f in down.seen() if isinstance(f, TTSStoppedFrame)]
+    assert len({f.context_id for f in ends}) == 3  # one utterance each
+
+
+# -- barge-in ---------------------------------------------------------------------------
+
+
+async def test_an_interruption_cancels_the_utterance_on_the_server(piper_server):
+    worker_stats, service = piper_server.service.worker.stats, piper_server.service
+    closed_before = worker_stats.generators_closed
+    async with running(VoxwireTTSService(url=piper_server.ws)) as (worker, up, down):
+        # Three long sentences, a minute of speech: the engine is inside one when the cancel comes.
+        await worker.queue_frame(TTSSpeakFrame(" ".join([ONE_LONG_SENTENCE] * 3)))
+        await until(lambda: any(isinstance(f, TTSAudioRawFrame) for f in down.seen()), "the first audio")
+        ctx = next(f for f in down.seen() if isinstance(f, TTSStartedFrame)).context_id
+        await worker.queue_frame(InterruptionFrame())
+        await until(lambda: any(isinstance(f, InterruptionFrame) for f in down.seen()), "the interruption")
+        # The server stopped computing: the engine's stream was closed, its slot given back.
+        await until(lambda: service.worker.active == 0 and service.admission.utterances == 0, "the server to let go")
+        assert worker_stats.generators_closed > closed_before
+        await asyncio.sleep(0.5)  # time for any straggler to show
+        seen = down.seen()
+        cut = next(i for i, f in enumerate(seen) if isinstance(f, InterruptionFrame))
+        assert not [f for f in seen[cut:] if isinstance(f, TTSAudioRawFrame) and f.context_id == ctx]
+        heard = sum(len(f.audio) for f in seen[:cut] if isinstance(f, TTSAudioRawFrame)) / 2 / 16000
+        assert heard < 10  # cut short
+        # The service goes on: the next turn is spoken in full.
+        stopped = stops(down)
+        await worker.queue_frame(TTSSpeakFrame(SENTENCE))
+        await until(lambda: stops(down) == stopped + 1, "the next turn")
+        assert assert_spoken(down.seen()[cut + 1 :], SENTENCE, 16000) != ctx
+        assert not errors(up.seen(FrameDirection.UPSTREAM))
+
+
+# -- a dropped connection ---------------------------------------------------------------
+
+
+class Proxy:
+    """A TCP proxy on loopback in front of the server, whose connections can be cut."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Proxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"ws://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1/stream"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        assert self._server is not None
+        self._server.close()
+
+    def cut(self) -> None:
+        """Drop every connection at once, as a dead network path would (no close handshake)."""
+        for w in self._writers:
+            w.transport.abort()
+        self._writers.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def test_a_dropped_connection_fails_the_turn_and_the_next_turn_reconnects(piper_server):
+    async with Proxy(piper_server.port) as proxy:
+        tts = VoxwireTTSService(url=proxy.url)
+        connects = count_connects(tts)
+        async with running(tts) as (worker, up, down):
+            await worker.queue_frame(TTSSpeakFrame(ONE_LONG_SENTENCE))
+            await until(lambda: any(isinstance(f, TTSAudioRawFrame) for f in down.seen()), "the first audio")
+            proxy.cut()
+            await until(lambda: errors(up.seen(FrameDirection.UPSTREAM)), "the turn's error")
+            assert "lost its connection" in errors(up.seen(FrameDirection.UPSTREAM))[0].error
+            await until(lambda: stops(down) == 1, "the failed turn to stop")
+            failed = len(down.seen())
+            await worker.queue_frame(TTSSpeakFrame(SENTENCE))
+            await until(lambda: stops(down) == 2, "the next turn")
+            assert_spoken(down.seen()[failed:], SENTENCE, 16000)
+            assert connects == [2] and len(errors(up.seen(FrameDirection.UPSTREAM))) == 1
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+async def test_a_server_error_is_an_error_frame_naming_its_code(piper_server):
+    tts = VoxwireTTSService(url=piper_server.ws, settings=VoxwireTTSService.Settings(voice="nobody"))
+    down, up = await run_test(tts, frames_to_send=[TTSSpeakFrame(SENTENCE)], start_timeout=30)
+    [error] = errors(up)
+    assert "unknown_voice" in error.error and error.category is ErrorCategory.INVALID_REQUEST
+    assert not [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    assert isinstance([f for f in down if isinstance(f, SPEECH_FRAMES)][-1], TTSStoppedFrame)
+
+
+@pytest.fixture(scope="module")
+def locked():
+    with run_server(ServerConfig(auth=AuthConfig(api_keys=("k1",))), engine=ToneEngine) as s:
+        yield s
+
+
+@pytest.mark.parametrize("key", ["wrong", None])
+async def test_a_refused_api_key_is_an_authentication_error_at_once(locked, key):
+    tts = VoxwireTTSService(url=locked.ws, api_key=key)
+    connects = count_connects(tts)
+    began = time.monotonic()
+    async with running(tts) as (worker, up, down):
+        await until(lambda: errors(up.seen(FrameDirection.UPSTREAM)), "the error", timeout=5)
+        [error] = errors(up.seen(FrameDirection.UPSTREAM))
+        assert error.category is ErrorCategory.AUTHENTICATION and "1008" in error.error
+        assert time.monotonic() - began < 5 and not tts.is_usable
+        # A turn after it is not spoken, nor does it try again: no reconnect loop.
+        await worker.queue_frame(TTSSpeakFrame("Hello there."))
+        await asyncio.sleep(1)
+        assert len(errors(up.seen(FrameDirection.UPSTREAM))) == 1 and connects == [0]
+        assert not [f for f in down.seen() if isinstance(f, TTSAudioRawFrame)]
+
+
+async def test_the_right_api_key_speaks(locked):
+    down, up = await run_test(
+        VoxwireTTSService(url=locked.ws, api_key="k1"),
+        frames_to_send=[TTSSpeakFrame("Hello there.")],
+        start_timeout=30,
+    )
+    assert not errors(up) and [f for f in down if isinstance(f, TTSAudioRawFrame)]
+
+
+async def test_an_engine_without_word_timings_still_gives_the_spoken_text(locked):
+    # The tone engine times no words (ready.features.timestamps is false): the text that
+    # was spoken still reaches the assistant's context, as text frames after its audio.
+    text = "Good morning. How can I help you today?"
+    down, up = await run_test(
+        VoxwireTTSService(url=locked.ws, api_key="k1"), frames_to_send=llm_turn(text), start_timeout=30
+    )
+    assert not errors(up)
+    turn = [f for f in down if isinstance(f, SPEECH_FRAMES)]
+    audio = [f for f in turn if isinstance(f, TTSAudioRawFrame)]
+    rate = audio[0].sample_rate
+    assert sum(len(f.audio) for f in audio) // 2 == pytest.approx(len(words(text)) * WORD_SECONDS * rate, rel=0.05)
+    spoken = [f for f in turn if isinstance(f, TTSTextFrame)]
+    assert [w for f in spoken for w in words(f.text)] == words(text)
+    assert turn.index(spoken[0]) > turn.index(audio[0])  # after the audio it names
