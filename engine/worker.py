@@ -197,7 +197,7 @@ class Utterance:
                 todo.extend(self._segmenter.flush())
                 todo.append(item)
                 continue
-            todo.extend(self._segmenter.push(item.text))
+            todo.extend(self._segmenter.push(item.text, final=item.final))
             if item.final:
                 todo.extend(self._segmenter.flush())
         return todo
@@ -370,10 +370,16 @@ class Worker:
             else:
                 u.queue.put(Failed("engine_restarted", "the engine was restarted after a fault; please retry"))
 
-    def submit(self, params: SynthesisParams, loop: asyncio.AbstractEventLoop) -> Utterance:
+    def submit(
+        self, params: SynthesisParams, loop: asyncio.AbstractEventLoop, first_clause_words: int | None = None
+    ) -> Utterance:
+        """``first_clause_words``: this utterance's own choice (SegmenterLimits), else the worker's."""
         engine = self.loaded_engine()
         queue = AudioQueue(loop, int(self.max_queue_seconds * engine.sample_rate), on_drain=self._wake)
-        u = Utterance(self, params, queue, self.segmenter_limits)
+        limits = self.segmenter_limits
+        if first_clause_words is not None:
+            limits = replace(limits, first_clause_words=first_clause_words)
+        u = Utterance(self, params, queue, limits)
         with self._cond:
             if self._stopping:
                 raise EngineError("shutting_down", "the server is shutting down")

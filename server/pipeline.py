@@ -482,6 +482,7 @@ class Pipeline:
                     voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps, fast_start=settings.fast_start
                 ),
                 asyncio.get_running_loop(),
+                first_clause_words=settings.first_clause_words,
             )
         except EngineError as e:
             self.admission.end_utterance()

@@ -14,10 +14,12 @@ from typing import Any
 import msgpack
 import orjson
 
+from engine.text.segment import SegmenterLimits
 from server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
 
 PROTOCOL_VERSION = 1
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
+MAX_FIRST_CLAUSE_WORDS = 40
 MAX_CTX_CHARS = 128
 
 
@@ -47,6 +49,9 @@ class StreamSettings:
     fast_start: bool | None = None
     """CosyVoice2's sooner first chunk (a trimmed voice prompt); None: the voice's default,
     else the server's. Engines without that choice ignore it."""
+    first_clause_words: int = SegmenterLimits.first_clause_words
+    """Streamed text: the first audio may start at a clause boundary once this many words
+    precede it, before the first sentence has ended; 0 waits for the sentence's end."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -213,6 +218,13 @@ def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
         if obj["fast_start"] is not None and not isinstance(obj["fast_start"], bool):
             raise ProtocolError("invalid_field", "\"fast_start\" must be true, false or null")
         out["fast_start"] = obj["fast_start"]
+    if "first_clause_words" in obj:
+        words = obj["first_clause_words"]
+        if type(words) is not int or not 0 <= words <= MAX_FIRST_CLAUSE_WORDS:
+            raise ProtocolError(
+                "invalid_field", f"\"first_clause_words\" must be an integer from 0 (off) to {MAX_FIRST_CLAUSE_WORDS}"
+            )
+        out["first_clause_words"] = words
     return out
 
 

@@ -3,6 +3,7 @@ the quality corpus (``quality()``) in quality.txt."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 # Replies of the length a voice assistant speaks: one to three sentences.
@@ -49,6 +50,16 @@ PRECISION_SENTENCES = [
 ]
 """Where bf16 is held against fp32, sample by sample: tests/engine/piper/test_precision.py's
 bounds and benchmarks/precision_convs.py's decoder SNR."""
+
+_LLM_TOKEN = re.compile(r"\s*(?:\w+|[^\w\s]+)")
+
+
+def llm_tokens(text: str) -> list[str]:
+    """``text`` as an LLM streams it: a word with its leading space, or a run of
+    punctuation, as a BPE tokenizer splits them (never a word's end and the next word's
+    start in one piece). Joined, they are ``text``."""
+    return _LLM_TOKEN.findall(text)
+
 
 WARMUP = ["Warming up.", "This sentence warms up the voice before anything is measured."]
 """What every server, and the floor, speaks before it is measured."""

@@ -14,6 +14,7 @@ const SETTINGS = {
   voice: 'voice', format: 'format', speed: 'speed',
   sampleRate: 'sample_rate', sample_rate: 'sample_rate', chunkMs: 'chunk_ms', chunk_ms: 'chunk_ms',
   timestamps: 'timestamps', fastStart: 'fast_start', fast_start: 'fast_start',
+  firstClauseWords: 'first_clause_words', first_clause_words: 'first_clause_words',
 };
 
 const SUBPROTOCOL = 'voxwire.v1';

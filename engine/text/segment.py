@@ -4,7 +4,11 @@ Segments are sentences, except that a long first sentence is split at its first 
 boundary, so the first audio is not held back by the whole sentence, and any run without
 punctuation is split at a space before it grows past a bound. Text may arrive in pieces
 (an LLM's tokens): a boundary is only taken once the character after it has arrived,
-since "Dr." or "3." are not sentence ends until the next character says so.
+since "Dr." or "3." are not sentence ends until the next character says so. While more
+text is still to come and the first sentence's end has not arrived, the first segment may
+also end at a clause boundary once enough words precede it (``first_clause_words``): at
+an LLM's pace the rest of that sentence is still being written, and waiting for it is
+most of the wait for the first audio.
 
 The guarantee: the segments, joined, equal ``normalize(text)``. No character is lost,
 added or reordered; whitespace between segments starts the following segment.
@@ -46,8 +50,11 @@ _SENTENCE_END = regex.compile(
     rf"(?:\G|(?<![.!?\u2026]))(?P<run>[.!?\u2026]++)[{_CLOSE}]*(?=\s|$|[{_CJK}])(?![{MARK}])"
     rf"|(?:\G|(?<!\u3002))\u3002++[{_CLOSE}]*(?![{MARK}])"
 )
+# A clause ends at a comma, semicolon or colon, or at a dash between spaces (normalising
+# made every em dash one: " - "; an unspaced hyphen or en dash joins words and numbers).
 _CLAUSE_END = regex.compile(
     rf"(?<![,;:])[,;:]++[{_CLOSE}]*(?=[\s{_CJK}])(?![{MARK}])|(?<!\u3001)\u3001++[{_CLOSE}]*(?![{MARK}])"
+    rf"|(?<=\s)-++(?=\s)"
 )
 _TRAILING_RUN = regex.compile(rf"(?r)[.!?\u2026\u3002{_CLOSE}]*")
 _INITIALS = regex.compile(r"^(?:[A-Za-z]\.)*[A-Za-z]$")
@@ -82,6 +89,9 @@ class SegmenterLimits:
     """... but only where at least this much text precedes the boundary."""
     max_chars: int = 400
     """No segment grows past this; engines degrade on very long inputs."""
+    first_clause_words: int = 3
+    """Text still arriving: the first segment may end at a clause boundary with at least
+    this many words before it, without waiting for its sentence's end; 0 waits."""
 
 
 class Segmenter:
@@ -93,9 +103,13 @@ class Segmenter:
         self._emitted = 0
         self._scan = 0
         """Sentence ends before this offset in the pending text are ruled out."""
+        self._more = False
+        """More text is to come (a piece pushed without ``final``)."""
 
-    def push(self, text: str) -> list[str]:
-        """Add a piece of text; return the segments it completes."""
+    def push(self, text: str, final: bool = False) -> list[str]:
+        """Add a piece of text; return the segments it completes. ``final``: no more text
+        follows (what is pending then waits for ``flush``, not for more text)."""
+        self._more = not final
         # Re-normalising the pending tail with the new piece joins whitespace runs and
         # combining marks that straddle two pieces; what precedes the last stable
         # character is final already.
@@ -112,6 +126,7 @@ class Segmenter:
     def flush(self) -> list[str]:
         """Return everything pending as segments: the input is complete, or the client
         asked for audio now."""
+        self._more = False
         segments = self._drain(final=True)
         # Trailing whitespace stays pending: it separates this text from any that follows.
         rest = self._pending.rstrip()
@@ -148,7 +163,11 @@ class Segmenter:
         sentence_end = self._sentence_end(text, start, reach, final)
         end = sentence_end if sentence_end is not None else len(text)
         if first and end - start > limits.first_split_chars:
-            clause_end = self._clause_end(text, start, end)
+            clause_end = self._clause_end(text, start, end, limits.first_clause_min_chars)
+            if clause_end is not None:
+                return clause_end
+        if first and sentence_end is None and self._more and limits.first_clause_words:
+            clause_end = self._clause_end(text, start, end, min_words=limits.first_clause_words)
             if clause_end is not None:
                 return clause_end
         if sentence_end is not None and sentence_end - start <= limits.max_chars:
@@ -179,14 +198,24 @@ class Segmenter:
         self._scan = _run_start(text, start, stop)
         return None
 
-    def _clause_end(self, text: str, start: int, sentence_end: int) -> int | None:
+    def _clause_end(self, text: str, start: int, sentence_end: int, min_chars: int = 0, min_words: int = 0) -> int | None:
+        """The first clause boundary before ``sentence_end`` with at least ``min_chars``
+        characters and ``min_words`` words before it. It reads at most ``max_chars``
+        characters, so a first sentence that arrives a token at a time costs a bounded
+        scan per token."""
         limits = self.limits
         stop = min(sentence_end, start + limits.max_chars + 1)
+        words, counted = 0, start
         for m in _CLAUSE_END.finditer(text, start, stop):
             end = m.end() - start
             if end > limits.max_chars:
                 break
-            if end >= limits.first_clause_min_chars and m.end() < len(text):
+            if m.end() == len(text):
+                break  # the character after it decides (an ideographic comma has none)
+            if min_words:  # counted once each: the words between this boundary and the last
+                words += len(text[counted : m.start()].split())
+                counted = m.end()
+            if end >= min_chars and words >= min_words:
                 return m.end()
         return None
 

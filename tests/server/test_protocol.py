@@ -2,6 +2,7 @@ import msgpack
 import orjson
 import pytest
 
+from engine.text.segment import SegmenterLimits
 from server import protocol
 from server.protocol import Cancel, Configure, Flush, ProtocolError, Speak
 
@@ -52,6 +53,11 @@ def test_speak_defaults_to_final():
         (msgpack.packb({"type": "speak", "text": "x", "fast_start": [True]}), "invalid_field"),
         (j({"type": "config", "fast_start": "true"}), "invalid_field"),
         (j({"type": "speak", "text": "x", "fastStart": True}), "unknown_field"),
+        (j({"type": "config", "first_clause_words": -1}), "invalid_field"),
+        (j({"type": "config", "first_clause_words": 41}), "invalid_field"),
+        (j({"type": "config", "first_clause_words": 3.0}), "invalid_field"),
+        (j({"type": "config", "first_clause_words": True}), "invalid_field"),
+        (j({"type": "speak", "text": "x", "first_clause_words": None}), "invalid_field"),
     ],
 )
 def test_bad_messages_raise_protocol_errors_with_stable_codes(data, code):
@@ -103,3 +109,13 @@ def test_error_messages_are_for_people_not_parsers(data):
         protocol.parse(data)
     for internal in ("Error", "Exception", "0x", "<", "unexpected character"):
         assert internal not in e.value.message, e.value.message
+
+
+def test_first_clause_words_is_a_stream_setting_from_zero_to_forty():
+    for value in (0, 3, 40):
+        assert protocol.parse(j({"type": "config", "first_clause_words": value})) == Configure({"first_clause_words": value})
+        assert protocol.parse(j({"type": "speak", "text": "x", "first_clause_words": value})).settings == {
+            "first_clause_words": value
+        }
+    # The server's default is the segmenter's: the one the measurement chose.
+    assert protocol.StreamSettings(voice="v").first_clause_words == SegmenterLimits().first_clause_words

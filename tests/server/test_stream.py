@@ -158,6 +158,29 @@ async def test_disconnect_mid_stream_closes_generators_and_others_carry_on(piper
     assert_speech(result.audio, result.sample_rate, words=9)
 
 
+# -- streamed text: starting at a clause ------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["config", "speak"])
+@pytest.mark.parametrize("words, segments", [(0, 1), (3, 2)])
+async def test_streamed_text_starts_at_a_clause_when_the_connection_asks(tone_server, where, words, segments):
+    # The first sentence arrives in pieces; with first_clause_words 3 its first clause (six
+    # words) is spoken on its own, before the rest of the sentence has arrived.
+    async with await Client.connect(tone_server.ws) as client:
+        settings = {"first_clause_words": words}
+        if where == "config":
+            assert (await client.configure(**settings))["first_clause_words"] == words
+            settings = {}
+        u = await client.speak("Sure, the museum", final=False, **settings)
+        assert u.started is None or u.started["first_clause_words"] == words
+        for piece in [" opens at nine,", " and tours", " start at ten."]:
+            await u.send(piece)
+        await u.send("", final=True)
+        frames, done = await u.collect()
+    assert u.started["first_clause_words"] == words
+    assert done["segments"] == segments and frames
+
+
 # -- concurrency: several utterances on several sockets ---------------------------------
 
 

@@ -76,6 +76,7 @@ class _Options:
     voice: str | None
     speed: float | None
     chunk_ms: int | None
+    first_clause_words: int | None
 
 
 class TTS(tts.TTS):
@@ -88,8 +89,11 @@ class TTS(tts.TTS):
         speed: float | None = None,
         sample_rate: int = 24000,
         chunk_ms: int | None = None,
+        first_clause_words: int | None = None,
     ) -> None:
-        """``voice``, ``speed`` and ``chunk_ms`` left out take the server's defaults.
+        """``voice``, ``speed``, ``chunk_ms`` and ``first_clause_words`` (how many words a
+        first clause needs to be spoken before its sentence ends; 0 waits for the
+        sentence) left out take the server's defaults.
         ``sample_rate`` (8000-48000) is asked of the server, which resamples; 24 kHz is
         CosyVoice2's own rate, above Piper's 22.05 kHz, and the usual one of LiveKit's
         TTS plugins."""
@@ -102,7 +106,7 @@ class TTS(tts.TTS):
         self._api_key = api_key or os.environ.get("VOXWIRE_API_KEY") or None
         if self._api_key:
             bearer_header(self._api_key)  # a key no header can carry fails here, not at each connect
-        self._opts = _Options(voice=voice, speed=speed, chunk_ms=chunk_ms)
+        self._opts = _Options(voice=voice, speed=speed, chunk_ms=chunk_ms, first_clause_words=first_clause_words)
         self._client: Client | None = None
         self._connect_lock = asyncio.Lock()
         self._streams: weakref.WeakSet[SynthesizeStream] = weakref.WeakSet()
@@ -122,6 +126,7 @@ class TTS(tts.TTS):
         voice: NotGivenOr[str] = NOT_GIVEN,
         speed: NotGivenOr[float] = NOT_GIVEN,
         chunk_ms: NotGivenOr[int] = NOT_GIVEN,
+        first_clause_words: NotGivenOr[int] = NOT_GIVEN,
     ) -> None:
         """For the streams and ``synthesize`` calls made from now on: an utterance's
         settings are fixed by its first message."""
@@ -131,6 +136,8 @@ class TTS(tts.TTS):
             self._opts.speed = speed
         if utils.is_given(chunk_ms):
             self._opts.chunk_ms = chunk_ms
+        if utils.is_given(first_clause_words):
+            self._opts.first_clause_words = first_clause_words
 
     def synthesize(
         self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS

@@ -72,10 +72,13 @@ class VoxwireTTSSettings(TTSSettings):
         speed: 0.5 to 2.0.
         fast_start: CosyVoice2's sooner first chunk, at some cost in voice likeness
             (docs/protocol.md); ``None``: the voice's own default.
+        first_clause_words: How many words a first clause needs for the server to
+            speak it before its sentence ends; 0 waits for the sentence (docs/protocol.md).
     """
 
     speed: float | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     fast_start: bool | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+    first_clause_words: int | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
 
 
 @dataclass
@@ -110,7 +113,9 @@ class VoxwireTTSService(WebsocketTTSService):
         ``WebsocketTTSService`` (``reconnect_backoff_min_wait`` and so on)."""
         if api_key is not None:
             bearer_header(api_key)  # a key no header can carry fails here, not at the first turn
-        store = VoxwireTTSSettings(model=None, voice=None, language=None, speed=None, fast_start=None)
+        store = VoxwireTTSSettings(
+            model=None, voice=None, language=None, speed=None, fast_start=None, first_clause_words=None
+        )
         if settings is not None:
             store.apply_update(settings)
         super().__init__(
@@ -183,6 +188,7 @@ class VoxwireTTSService(WebsocketTTSService):
             "voice": self._settings.voice,
             "speed": self._settings.speed,
             "fast_start": self._settings.fast_start,
+            "first_clause_words": self._settings.first_clause_words,
             "chunk_ms": self._chunk_ms,
         }
         settings = {k: v for k, v in settings.items() if v is not None}

@@ -134,6 +134,21 @@ async def test_aclose_mid_utterance_cancels_it_on_the_server(piper_server):
     await tts.aclose()
 
 
+async def test_first_clause_words_lets_a_clause_speak_before_its_sentence_ends(piper_server):
+    # "Well," alone is a clause of one word: with first_clause_words 1 the server speaks
+    # it while the rest of the sentence is still to come (no flush, no end of input).
+    tts = TTS(url=piper_server.ws, first_clause_words=1)
+    stream = tts.stream()
+    for token in ["Well", ",", " I think"]:
+        stream.push_text(token)
+    events: list[SynthesizedAudio] = []
+    await asyncio.wait_for(first_audio(stream, events), 30)
+    stream.push_text(" so.")
+    stream.end_input()
+    await drain(stream)
+    await tts.aclose()
+
+
 async def test_synthesize_returns_the_whole_utterance(piper_server):
     tts = TTS(url=piper_server.ws)
     frame = await tts.synthesize(SENTENCE).collect()

@@ -231,6 +231,19 @@ async def test_an_interruption_cancels_the_utterance_on_the_server(piper_server)
         assert not errors(up.seen(FrameDirection.UPSTREAM))
 
 
+async def test_first_clause_words_lets_a_clause_speak_before_its_sentence_ends(piper_server):
+    # "Well," alone is a clause of one word: with first_clause_words 1 the server speaks
+    # it while the LLM is still writing the sentence.
+    tts = VoxwireTTSService(url=piper_server.ws, settings=VoxwireTTSService.Settings(first_clause_words=1))
+    async with running(tts) as (worker, up, down):
+        await worker.queue_frames([LLMFullResponseStartFrame(), LLMTextFrame("Well"), LLMTextFrame(","),
+                                   LLMTextFrame(" I think")])
+        await until(lambda: any(isinstance(f, TTSAudioRawFrame) for f in down.seen()), "the clause's audio")
+        await worker.queue_frames([LLMTextFrame(" so."), LLMFullResponseEndFrame()])
+        await until(lambda: stops(down) == 1, "the turn")
+        assert not errors(up.seen(FrameDirection.UPSTREAM))
+
+
 # -- a dropped connection ---------------------------------------------------------------
 
 

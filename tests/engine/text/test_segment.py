@@ -63,7 +63,7 @@ def test_run_without_punctuation_is_split_at_a_space_before_the_bound():
 def test_streamed_pieces_give_the_same_segments_as_whole_text():
     text = ("Dr. Jones arrived at 3.30 p.m. on Monday, carrying an umbrella that nobody had seen before. "
             "She said: \"Hello!\" Everyone laughed.  Then   silence.")
-    s = Segmenter()
+    s = Segmenter(SegmenterLimits(first_clause_words=0))  # no early clause: streamed is whole
     streamed = []
     for i in range(0, len(text), 3):
         streamed += s.push(text[i : i + 3])
@@ -188,3 +188,72 @@ def test_streamed_adversarial_text_segments_as_whole():
             out += s.push(text[i : i + 7])
         out += s.flush()
         assert out == segment(text)
+
+
+def tokens(text: str) -> list[str]:
+    """As an LLM streams it: words with their leading space."""
+    return regex.findall(r"\s*\S+", text)
+
+
+def stream(text: str, limits: SegmenterLimits) -> list[tuple[int, list[str]]]:
+    """(tokens pushed so far, segments) for each push that completed any, then the flush."""
+    s, out = Segmenter(limits), []
+    for i, token in enumerate(tokens(text), 1):
+        if segs := s.push(token):
+            out.append((i, segs))
+    return out + [(-1, s.flush())]
+
+
+SAYS = "Sure, the museum opens at nine, and tours start at ten. Want a ticket?"
+
+
+def test_streamed_text_may_start_at_a_clause_once_enough_words_precede_it():
+    # "Sure," has one word: too few. "the museum opens at nine," has six: taken as soon as
+    # the token after the comma arrives, while the sentence is still being written.
+    [(at, [first]), *rest] = stream(SAYS, SegmenterLimits(first_clause_words=3))
+    assert first == "Sure, the museum opens at nine,"
+    assert at == len(tokens(first)) + 1
+    assert [seg for _, segs in rest for seg in segs] == [" and tours start at ten.", " Want a ticket?"]
+
+
+def test_without_early_clauses_streamed_text_waits_for_the_sentence_end():
+    [(at, [first]), *_] = stream(SAYS, SegmenterLimits(first_clause_words=0))
+    assert first == "Sure, the museum opens at nine, and tours start at ten."
+    assert at == len(tokens(first)) + 1
+
+
+def test_the_word_count_is_of_the_whole_text_before_the_boundary():
+    # Two words, then one: the second comma has three words before it.
+    [(_, [first]), *_] = stream("Well then, yes, it opens at nine.", SegmenterLimits(first_clause_words=3))
+    assert first == "Well then, yes,"
+
+
+def test_early_clauses_are_only_for_the_first_segment_of_text_still_arriving():
+    limits = SegmenterLimits(first_clause_words=2)
+    # The whole text at once, or its sentence end already in: the sentence is spoken whole.
+    s = Segmenter(limits)
+    assert s.push(SAYS, final=True) + s.flush() == ["Sure, the museum opens at nine, and tours start at ten.", " Want a ticket?"]
+    s = Segmenter(limits)
+    assert s.push("Sure, the museum opens at nine, and then", final=True) == []
+    assert s.flush() == ["Sure, the museum opens at nine, and then"]
+    s = Segmenter(limits)
+    assert s.push("Sure, the museum opens at nine, and tours start at ten. Want")[0] == (
+        "Sure, the museum opens at nine, and tours start at ten."
+    )
+    # Once audio has started, later sentences are spoken whole.
+    later = [seg for _, segs in stream("Hello there. Then, after a while, it rained.", limits) for seg in segs]
+    assert later == ["Hello there.", " Then, after a while, it rained."]
+
+
+@pytest.mark.parametrize(
+    "text, first",
+    [
+        ("The museum \u2014 the old one \u2014 opens at nine.", "The museum -"),  # an em dash is " - "
+        ("The museum - the old one - opens at nine.", "The museum -"),
+        ("The well-known museum opens at nine.", "The well-known museum opens at nine."),
+        ("It opens from 9\u201310 and 11-12 daily.", "It opens from 9-10 and 11-12 daily."),
+    ],
+)
+def test_a_dash_between_spaces_ends_a_clause_a_hyphen_does_not(text, first):
+    [(_, segs), *_] = stream(text, SegmenterLimits(first_clause_words=2))
+    assert segs[0] == first

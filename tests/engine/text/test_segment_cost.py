@@ -80,6 +80,7 @@ ADVERSARIAL = {
     "spaced marks": " \u0301" * 10000,
     "closers": "Hi.\u300d" * 5000,
     "clauses": "a, " * 6666,
+    "dashes": "a - " * 5000,
 }
 
 

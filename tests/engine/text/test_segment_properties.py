@@ -30,13 +30,14 @@ limits = st.builds(
     first_split_chars=st.integers(5, 80),
     first_clause_min_chars=st.integers(1, 30),
     max_chars=st.integers(5, 200),
+    first_clause_words=st.integers(0, 4),
 )
 
 # Adversarial text: runs of building blocks that defeat a naive segmenter (abbreviations
 # and initials without end, dot runs, marks piled on one base, runs with no space or
 # punctuation, CJK, emoji, clusters longer than a segment), up to the server's limit.
 BLOCKS = [
-    "Dr. ", "A. ", "e.g. ", "U.S.", ".", "...", " ", '"', ")", "\u300d", ", ", "Hi. ", "word ",
+    "Dr. ", "A. ", "e.g. ", "U.S.", ".", "...", " ", '"', ")", "\u300d", ", ", " - ", "Hi. ", "word ",
     "x", "ab.", "A.\u4f60",
     "\u0301", "\u0316", "\u093f", "\ufe0f", "\U0001f3fd",
     "\u4f60\u597d", "\u4e16\u754c\u3002", "\u3001",
@@ -51,7 +52,9 @@ long_adversarial = st.tuples(
     st.lists(short_runs, min_size=1, max_size=6).map("".join),
     st.sampled_from([2_000, 5_000, 10_000, MAX_TEXT]),
 ).map(lambda t: (t[0] * (t[1] // len(t[0]) + 1))[: t[1]])
-server_limits = st.sampled_from([SegmenterLimits(), SegmenterLimits(60, 20, 100), SegmenterLimits(20, 10, 40)])
+server_limits = st.sampled_from(
+    [SegmenterLimits(), SegmenterLimits(60, 20, 100), SegmenterLimits(20, 10, 40), SegmenterLimits(first_clause_words=1)]
+)
 
 _CLUSTER = regex.compile(r"\X")
 _MARK = regex.compile(rf"[{MARK}]")
