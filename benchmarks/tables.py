@@ -244,6 +244,32 @@ def quality_precision(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def quality_clauses(r: dict[str, Any]) -> list[str]:
+    """benchmarks/quality/clauses.py: each first_clause_words policy's first audio from the
+    first token, over the corpus and over the replies it started at a clause (against
+    waiting for the sentence, the same replies), with what the listener hears of them."""
+    n = report._n
+    lines = [
+        "| first_clause_words | first audio p50 ms | p95 | replies started at a clause | their first audio p50 ms | waiting for the sentence | WER % | waiting | DNSMOS OVRL | waiting | seam ratio at the clause's join: median | worst | WER % (all) | DNSMOS OVRL (all) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in r["rows"].values():
+        fa, e = row["first_audio_ms"], row["started_early"]
+        some = e["replies"] > 0
+        cell = (lambda v, f="{:.0f}": f.format(v) if some else "–")
+        seams = e["clause_seams"]
+        words = row["first_clause_words"]
+        lines.append(
+            f"| {words or '0 (wait for the sentence)'} | {fa['p50']:.0f} | {fa['p95']:.0f} | {e['replies']} | "
+            f"{cell(e['first_audio_ms']['p50'])} | {cell(e['waiting_first_audio_ms']['p50'])} | "
+            f"{cell(e['wer'], '{:.2f}')} | {cell(e['waiting_wer'], '{:.2f}')} | "
+            f"{cell(e['dnsmos_ovrl'], '{:.2f}')} | {cell(e['waiting_dnsmos_ovrl'], '{:.2f}')} | "
+            f"{n(seams['median']) if seams['joins'] else '–'} | {n(seams['worst']) if seams['joins'] else '–'} | "
+            f"{row['wer']:.2f} | {n(row['dnsmos']['ovrl'])} |"
+        )
+    return lines
+
+
 def precision_layers(r: dict[str, Any]) -> list[str]:
     from benchmarks.precision_convs import layer_table  # imports torch: only when asked
 
@@ -254,6 +280,42 @@ def precision_decoder(r: dict[str, Any]) -> list[str]:
     from benchmarks.precision_convs import decoder_table
 
     return decoder_table(r["decoder"])
+
+
+def agents(r: dict[str, Any]) -> list[str]:
+    """benchmarks/agents.py: first audio from the first LLM token, per framework and TTS."""
+    ms, x = report._ms, report._x
+    lines = [
+        "| framework | TTS | text to the TTS | first audio p50 ms | p95 | after the first sentence p50 ms "
+        f"| {r['config']['plan']['long_words']}-word first sentence: first audio p50 ms (after the sentence) "
+        "| words timed "
+        "| audio after interruption: frames | ms | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in r["systems"].items():
+        cut, long = s["interruptions"], s["long_first_sentence"]
+        errors = s["errors"] + long["errors"] + cut["errors"] + s["warmup_errors"]
+        lines.append(
+            f"| {s['framework']} | {name} | {s['aggregation']} | {ms(s['first_audio_ms']['p50'])} "
+            f"| {ms(s['first_audio_ms']['p95'])} | {ms(s['after_first_sentence_ms']['p50'])} "
+            f"| {ms(long['first_audio_ms']['p50'])} ({ms(long['after_first_sentence_ms']['p50'])}) "
+            f"| {x(s['word_timing_coverage'])} "
+            f"| {cut['frames_after']} in {cut['cuts']} | {ms(cut['audio_ms_after'])} | {errors} |"
+        )
+    return lines
+
+
+def agents_ratios(r: dict[str, Any]) -> list[str]:
+    x = report._x
+    lines = [
+        "| framework | Voxwire ÷ better Piper: first audio p50 (target ≤ 0.4) | after the first sentence p50 "
+        f"| {r['config']['plan']['long_words']}-word first sentence: after the sentence p50 | better Piper |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for framework, q in r["ratios"].items():
+        lines.append(f"| {framework} | {x(q['ratio_p50'])} | {x(q['after_first_sentence_ratio_p50'])} "
+                     f"| {x(q['long_first_sentence_after_ratio_p50'])} | {q['best_piper']} |")
+    return lines
 
 
 RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
@@ -279,6 +341,9 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "quality-targets": report.quality_targets,
     "quality-paired": report.paired_table,
     "quality-precision": quality_precision,
+    "quality-clauses": quality_clauses,
+    "agents": agents,
+    "agents-ratios": agents_ratios,
 }
 
 
