@@ -5,7 +5,6 @@ process). The result must be well formed and sane; no timing target is checked h
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -15,14 +14,7 @@ pytest.importorskip("piper.http_server", reason="piper-tts with its HTTP server 
 
 from benchmarks import tables
 from benchmarks.agents import LIVEKIT, PIPECAT, main
-
-
-def children() -> set[int]:
-    out: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            out |= {int(pid) for pid in f.read().split()}
-    return out
+from tests.fixtures.processes import children
 
 
 # The run itself takes under a minute; the bound allows for a slow start of both servers.

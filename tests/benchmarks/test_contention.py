@@ -5,21 +5,12 @@ text fresh, and no neighbour left running. No timing is checked here."""
 from __future__ import annotations
 
 import json
-import os
 import random
 
 import pytest
 
 from benchmarks.contention import main, sentence
-
-
-def children() -> set[int]:
-    """This process's child processes, from /proc."""
-    out: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            out |= {int(pid) for pid in f.read().split()}
-    return out
+from tests.fixtures.processes import children
 
 
 def test_every_sentence_is_fresh_and_as_long_as_asked():
