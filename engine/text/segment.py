@@ -278,6 +278,6 @@ def _forced_split(text: str, start: int, limit: int) -> int | None:
 
 
 def segment(text: str, limits: SegmenterLimits = SegmenterLimits()) -> list[str]:
-    """Segment a whole text at once."""
+    """Segment a whole text at once (no first clause is taken early: the sentence is here)."""
     s = Segmenter(limits)
-    return s.push(text) + s.flush()
+    return s.push(text, final=True) + s.flush()

@@ -138,7 +138,7 @@ async def test_text_is_segmented_off_the_event_loop_which_keeps_turning(worker, 
     seen: list[tuple[int, int]] = []  # (thread, loop turns while it segmented)
 
     class Watched(Segmenter):
-        def push(self, text: str) -> list[str]:
+        def push(self, text: str, final: bool = False) -> list[str]:
             start = ticks
             # Segmenting takes as long as the loop needs for a few turns (bounded, so a
             # segmenter on the loop's own thread shows as 0 turns instead of a hang).
@@ -146,7 +146,7 @@ async def test_text_is_segmented_off_the_event_loop_which_keeps_turning(worker, 
                 if ticks >= start + 5:
                     break
                 time.sleep(0.005)
-            segments = super().push(text)
+            segments = super().push(text, final)
             seen.append((threading.get_ident(), ticks - start))
             return segments
 
