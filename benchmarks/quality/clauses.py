@@ -151,17 +151,23 @@ def hear_policies(
             if i % 20 == 0:
                 log(f"synthesising reply {i + 1} of {len(texts)}")
             waiting = segments(text, 0)
+            spoken: dict[tuple[str, ...], tuple[Sample, np.ndarray, list[int]]] = {}
             for words in policies:
-                segs = segments(text, words)
+                segs = tuple(segments(text, words))
                 early = segs[0] != waiting[0]
-                torch.manual_seed(zlib.crc32(text.encode("utf-8")) + SEED)
-                pieces, starts = [], []
-                for seg in segs:
-                    starts.append(sum(p.size for p in pieces))
-                    pieces += [p for p in engine.synthesize(seg, params) if isinstance(p, np.ndarray) and p.size]
-                audio = np.concatenate(pieces).astype(np.float32)
-                heard[words].append(heard_sample(text, Heard(audio, engine.sample_rate, joins([p.size for p in pieces])),
-                                                 float("nan"), chunked=True))
+                if segs not in spoken:  # most policies segment a reply alike: the same seed, the same audio
+                    torch.manual_seed(zlib.crc32(text.encode("utf-8")) + SEED)
+                    pieces, starts, total = [], [], 0
+                    for seg in segs:
+                        starts.append(total)
+                        pieces += [p for p in engine.synthesize(seg, params) if isinstance(p, np.ndarray) and p.size]
+                        total = sum(p.size for p in pieces)
+                    audio = np.concatenate(pieces).astype(np.float32)
+                    sample = heard_sample(text, Heard(audio, engine.sample_rate, joins([p.size for p in pieces])),
+                                          float("nan"), chunked=True)
+                    spoken[segs] = sample, audio, starts
+                sample, audio, starts = spoken[segs]
+                heard[words].append(sample)
                 try:
                     segment_seams[words] += seam_ratios(audio, engine.sample_rate, starts[1:])
                     if early:  # the first join is the clause's
