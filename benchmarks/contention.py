@@ -12,7 +12,7 @@ For each server and load: first-chunk p50, p95 and max, and the p95 over the sam
 server's quiet p95. The targets (issue 28): with two busy neighbours on this 2-core
 machine, Voxwire's p95 within 2.5× its quiet p95, and at most wyoming-piper's.
 
-    python -m benchmarks.contention --rounds 2 --out benchmarks/results/contention
+    python -m voxwire.benchmarks.contention --rounds 2 --out benchmarks/results/contention
 
 Every loop is bounded (rounds × lengths × servers × loads), traffic stays on 127.0.0.1,
 and the neighbours are killed when the bench ends, however it ends.
@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.corpus import WARMUP
-from benchmarks.peers import SETTLE_S
-from benchmarks.report import save_results
-from benchmarks.wyoming import p95, synthesize, voxwire, wyoming_piper
+from voxwire.benchmarks.corpus import WARMUP
+from voxwire.benchmarks.peers import SETTLE_S
+from voxwire.benchmarks.report import save_results
+from voxwire.benchmarks.wyoming import p95, synthesize, voxwire, wyoming_piper
 
 LENGTHS = (5, 10, 20, 30, 40, 50, 60, 70)
 """Words per sentence: one sentence each, so first audio waits for the whole of it at
@@ -129,7 +129,7 @@ def summarise(raw: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.contention", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.contention", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2, help="sweeps of the sentence lengths per load")
     p.add_argument("--loads", nargs="+", choices=list(LOADS), default=list(LOADS))
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="words per sentence")

@@ -7,8 +7,8 @@ tokens. ``C`` utterances start together and are stepped through the engine's bat
 step (``engine/cosyvoice2/batch.py``), batched and unbatched in the same run, and we
 time each one's first audio piece. Prints a markdown table and a JSON line.
 
-    .venv/bin/python -m benchmarks.cosyvoice2_gpu                  # CUDA, full size, bf16
-    .venv/bin/python -m benchmarks.cosyvoice2_gpu --tiny --device cpu --first-only --repeats 1 --threads 1
+    .venv/bin/python -m voxwire.benchmarks.cosyvoice2_gpu                  # CUDA, full size, bf16
+    .venv/bin/python -m voxwire.benchmarks.cosyvoice2_gpu --tiny --device cpu --first-only --repeats 1 --threads 1
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.cosyvoice2.flow import CausalFlow, cache_bound
-from engine.cosyvoice2.frontend import Prompt
-from engine.cosyvoice2.hift import HiFTGenerator
-from engine.cosyvoice2.lm import SpeechLM
-from engine.cosyvoice2.model_config import QwenConfig, parse_config
-from engine.cosyvoice2.batch import Batcher
-from engine.cosyvoice2.pipeline import Stats
-from engine.cosyvoice2.weights import Models, load_models
-from engine.cosyvoice2.yaml_reader import load_hyperpyyaml
+from voxwire.engine.cosyvoice2.flow import CausalFlow, cache_bound
+from voxwire.engine.cosyvoice2.frontend import Prompt
+from voxwire.engine.cosyvoice2.hift import HiFTGenerator
+from voxwire.engine.cosyvoice2.lm import SpeechLM
+from voxwire.engine.cosyvoice2.model_config import QwenConfig, parse_config
+from voxwire.engine.cosyvoice2.batch import Batcher
+from voxwire.engine.cosyvoice2.pipeline import Stats
+from voxwire.engine.cosyvoice2.weights import Models, load_models
+from voxwire.engine.cosyvoice2.yaml_reader import load_hyperpyyaml
 
 
 def full_size_models(device: torch.device, dtype: torch.dtype) -> Models:
-    from engine.cosyvoice2.tiny import QWEN2_0_5B, release_yaml
+    from voxwire.engine.cosyvoice2.tiny import QWEN2_0_5B, release_yaml
 
     qwen = QwenConfig(**{k: QWEN2_0_5B[k] for k in QwenConfig.__dataclass_fields__})
     cfg = parse_config(load_hyperpyyaml(release_yaml()), qwen)
@@ -164,7 +164,7 @@ def main() -> None:
         models = load_models(args.model_dir, device, dtype)
         label = str(args.model_dir)
     elif args.tiny:
-        from engine.cosyvoice2.tiny import make_tiny_model_dir
+        from voxwire.engine.cosyvoice2.tiny import make_tiny_model_dir
 
         tmp = tempfile.mkdtemp(prefix="cv2_tiny_bench_")
         models = load_models(make_tiny_model_dir(Path(tmp)), device, dtype)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.base import Engine, SynthesisParams
-from engine.text import segment
+from voxwire.engine.base import Engine, SynthesisParams
+from voxwire.engine.text import segment
 
 
 @dataclass(frozen=True)

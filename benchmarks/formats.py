@@ -17,7 +17,7 @@ format hears every reply), all at the engine's 22.05 kHz but Opus, which is 48 k
   of audio; the fraction is the encoder's over the engine's. The engine's CPU time sums
   all its threads, the encoder runs on one.
 
-    python -m benchmarks.formats --rounds 6 --out benchmarks/results/formats
+    python -m voxwire.benchmarks.formats --rounds 6 --out benchmarks/results/formats
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import loadgen
-from benchmarks.corpus import REPLIES, WARMUP
-from benchmarks.process import free_port, launch_voxwire, stop, wait_http
-from benchmarks.report import save_results
-from engine.audio_queue import Finished
-from engine.base import SynthesisParams
-from engine.registry import EngineOptions, engine_factory
-from server.audio import stream_rate
-from server.pipeline import FrameStream
-from server.protocol import StreamSettings
+from voxwire.benchmarks import loadgen
+from voxwire.benchmarks.corpus import REPLIES, WARMUP
+from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
+from voxwire.benchmarks.report import save_results
+from voxwire.engine.audio_queue import Finished
+from voxwire.engine.base import SynthesisParams
+from voxwire.engine.registry import EngineOptions, engine_factory
+from voxwire.server.audio import stream_rate
+from voxwire.server.pipeline import FrameStream
+from voxwire.server.protocol import StreamSettings
 
 RATE = 22050
 FORMATS = ("pcm_s16le", "opus", "mp3", "aac", "flac")
@@ -115,7 +115,7 @@ def p95(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.formats", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.formats", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--repeats", type=int, default=5, help="timings of the encoders, the best kept")
     p.add_argument("--out", type=Path, help="write formats.json there")

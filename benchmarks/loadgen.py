@@ -22,7 +22,7 @@ import orjson
 import websockets
 from voxwire_client.formats import to_float32
 
-from benchmarks.playback import simulate
+from voxwire.benchmarks.playback import simulate
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import orjson
 import websockets
 
-from benchmarks.process import gauge, rss_mb
+from voxwire.benchmarks.process import gauge, rss_mb
 
 SENTENCE = "This answer is long, and nobody is listening to it. "
 LONG_TEXT = SENTENCE * 60

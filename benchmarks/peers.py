@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.process import free_port, stop, wait_http, wait_tcp
+from voxwire.benchmarks.process import free_port, stop, wait_http, wait_tcp
 
 START_TIMEOUT_S = 600.0
 SETTLE_S = 0.25

@@ -1,10 +1,10 @@
 """Piper voice: onnxruntime vs the torch port (whole and chunked, per precision), on this CPU.
 
-    .venv/bin/python -m benchmarks.piper_chunked               # both tables
-    .venv/bin/python -m benchmarks.piper_chunked --precisions fp32,bf16
-    .venv/bin/python -m benchmarks.piper_chunked --repeats 9 --threads 1
-    .venv/bin/python -m benchmarks.piper_chunked --receptive-field
-    .venv/bin/python -m benchmarks.piper_chunked --device cuda  # torch on the GPU, ORT on the CPU
+    .venv/bin/python -m voxwire.benchmarks.piper_chunked               # both tables
+    .venv/bin/python -m voxwire.benchmarks.piper_chunked --precisions fp32,bf16
+    .venv/bin/python -m voxwire.benchmarks.piper_chunked --repeats 9 --threads 1
+    .venv/bin/python -m voxwire.benchmarks.piper_chunked --receptive-field
+    .venv/bin/python -m voxwire.benchmarks.piper_chunked --device cuda  # torch on the GPU, ORT on the CPU
 
 Prints markdown. Timings interleave the engines within each repeat (so background load
 hits all of them alike) and report the median. "fresh" is the first pass over inputs
@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import tables
-from benchmarks.report import save_results
-from engine.piper.chunked import SHAPE_BUCKET, decode_chunks, stream_chunks
-from engine.piper.engine import BF16_PARTS, PHONEME_BUCKET
-from engine.piper.onnx_weights import load_vits
-from engine.piper.vits import Vits
-from engine.threads import configure_cpu_threads, onnx_session_options
+from voxwire.benchmarks import tables
+from voxwire.benchmarks.report import save_results
+from voxwire.engine.piper.chunked import SHAPE_BUCKET, decode_chunks, stream_chunks
+from voxwire.engine.piper.engine import BF16_PARTS, PHONEME_BUCKET
+from voxwire.engine.piper.onnx_weights import load_vits
+from voxwire.engine.piper.vits import Vits
+from voxwire.engine.threads import configure_cpu_threads, onnx_session_options
 
 PARAGRAPH = (
     "The old lighthouse keeper climbed the spiral stairs every evening, long after the "

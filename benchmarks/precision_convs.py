@@ -1,7 +1,7 @@
 """Int8 (VNNI) against bf16 and fp32 for the Piper decoder's convolutions, on this CPU.
 
-    .venv/bin/python -m benchmarks.precision_convs
-    .venv/bin/python -m benchmarks.precision_convs --threads 2 --repeats 7 --out benchmarks/results/precision
+    .venv/bin/python -m voxwire.benchmarks.precision_convs
+    .venv/bin/python -m voxwire.benchmarks.precision_convs --threads 2 --repeats 7 --out benchmarks/results/precision
 
 Each of HiFi-GAN's own convolutions (conv_pre, the three upsampling ConvTransposes, one
 resblock conv per distinct (channels, kernel, dilation) of each stage, conv_post) runs on
@@ -44,12 +44,12 @@ import torch.ao.nn.quantized as nnq
 from torch import nn
 from torch.ao.quantization import MinMaxObserver
 
-from benchmarks.corpus import PRECISION_SENTENCES
-from benchmarks.report import save_results
-from engine.piper.chunked import CHUNK_FRAMES, CONTEXT_FRAMES
-from engine.piper.onnx_weights import load_vits
-from engine.piper.vits import Conv, ConvTranspose, Generator, Vits, to_cl
-from engine.threads import configure_cpu_threads
+from voxwire.benchmarks.corpus import PRECISION_SENTENCES
+from voxwire.benchmarks.report import save_results
+from voxwire.engine.piper.chunked import CHUNK_FRAMES, CONTEXT_FRAMES
+from voxwire.engine.piper.onnx_weights import load_vits
+from voxwire.engine.piper.vits import Conv, ConvTranspose, Generator, Vits, to_cl
+from voxwire.engine.threads import configure_cpu_threads
 
 CALIBRATION = [
     "The old lighthouse keeper climbed the spiral stairs every evening, long after the ships had stopped "

@@ -37,7 +37,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -
 def launch_voxwire(port: int, *args: str) -> subprocess.Popen[bytes]:
     """``voxwire serve`` on 127.0.0.1:port, starting (see :func:`wait_http`)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "voxwire", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--log-level", "warning", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

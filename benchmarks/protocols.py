@@ -27,8 +27,8 @@ import httpx
 import numpy as np
 from voxwire_client.formats import decoded_to_float32
 
-from benchmarks import loadgen
-from benchmarks.loadgen import Heard, UtteranceResult
+from voxwire.benchmarks import loadgen
+from voxwire.benchmarks.loadgen import Heard, UtteranceResult
 
 KINDS = ("v1", "openai", "wyoming", "piper_http")
 OPENAI_RATE = 24000  # OpenAI's pcm: 24 kHz, 16-bit mono, little-endian

@@ -6,7 +6,7 @@ engine's native rate, at 8 kHz µ-law, 16, 24 and 48 kHz on the socket, and thro
 the replies, and the result cache is off, so no answer is served from memory. The figure
 to read is each TTFA's median over the native rate's, measured in the same rounds.
 
-    python -m benchmarks.rates --rounds 8 --out benchmarks/results/rates
+    python -m voxwire.benchmarks.rates --rounds 8 --out benchmarks/results/rates
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from benchmarks import loadgen
-from benchmarks.corpus import REPLIES
-from benchmarks.report import save_results
-from benchmarks.process import free_port, spawn_voxwire, stop
+from voxwire.benchmarks import loadgen
+from voxwire.benchmarks.corpus import REPLIES
+from voxwire.benchmarks.report import save_results
+from voxwire.benchmarks.process import free_port, spawn_voxwire, stop
 
 SOCKET = {
     "native": {},
@@ -62,7 +62,7 @@ async def measure(port: int, rounds: int) -> dict[str, list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.rates", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.rates", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--piper-backend", default="torch", choices=("onnx", "torch"))
     p.add_argument("--out", type=Path, help="write rates.json there")

@@ -1,6 +1,6 @@
 """Voxwire behind Ray Serve's proxy against the same server direct (uvicorn), one run.
 
-    python -m benchmarks.ray_proxy [--rounds 10] [--readers 4] [--held 64]
+    python -m voxwire.benchmarks.ray_proxy [--rounds 10] [--readers 4] [--held 64]
 
 - TTFA at concurrency 1: one sentence, client-side (speak sent to first audio frame),
   direct and through Ray's proxy in alternating rounds; the ratio of the medians.
@@ -31,9 +31,9 @@ from typing import Any
 import orjson
 import websockets
 
-from benchmarks.machine import facts
-from benchmarks.memory import LONG_TEXT, SENTENCE, SETTINGS
-from benchmarks.process import free_port, launch_voxwire, rss_mb, stop, wait_http
+from voxwire.benchmarks.machine import facts
+from voxwire.benchmarks.memory import LONG_TEXT, SENTENCE, SETTINGS
+from voxwire.benchmarks.process import free_port, launch_voxwire, rss_mb, stop, wait_http
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ray"
 TTFA_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -124,7 +124,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from server.ray_app import Voxwire
+    from voxwire.server.ray_app import Voxwire
 
     direct_port, ray_port = free_port(), free_port()
     direct = launch_voxwire(direct_port, "--cache-mb", "0")  # loads while Ray starts
@@ -150,7 +150,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         medians = {k: statistics.median(v) for k, v in ttfa.items()}
         t = args.stall_seconds
         result: dict[str, Any] = {
-            "command": "python -m benchmarks.ray_proxy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+            "command": "python -m voxwire.benchmarks.ray_proxy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
             "machine": facts(),
             "ray": ray.__version__,
             "ttfa_ms": {k: {"median": round(m, 1), "all": [round(x, 1) for x in ttfa[k]]} for k, m in medians.items()},

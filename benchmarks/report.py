@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import facts
+from voxwire.benchmarks.machine import facts
 
 
 def save_results(path: Path, args: argparse.Namespace, **figures: Any) -> None:

@@ -1,6 +1,6 @@
 """A bounded soak: many clients that listen, cancel and vanish, then a leak check.
 
-    python -m benchmarks.soak --clients 32 --duration 60 [--json out.json]
+    python -m voxwire.benchmarks.soak --clients 32 --duration 60 [--json out.json]
 
 It starts a server of its own on 127.0.0.1 (or uses --url, with --pid for the readings),
 warms it up, takes a baseline of the server's RSS, threads, open file descriptors and
@@ -23,8 +23,8 @@ from pathlib import Path
 import orjson
 import websockets
 
-from benchmarks.report import save_results
-from benchmarks.process import fds, free_port, gauges, rss_mb, spawn_voxwire, stop, threads
+from voxwire.benchmarks.report import save_results
+from voxwire.benchmarks.process import fds, free_port, gauges, rss_mb, spawn_voxwire, stop, threads
 
 CORPUS = [
     "Hello there.",
@@ -189,7 +189,7 @@ def run(clients: int = 32, duration: float = 60, warmup: float = 5, seed: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of traffic after the warm-up")
     p.add_argument("--warmup", type=float, default=5.0)

@@ -6,7 +6,7 @@ Each table in the README sits between two markers that name the table and its re
     | … |
     <!-- /table -->
 
-``python -m benchmarks.tables`` rewrites every such table from its JSON; ``--check``
+``python -m voxwire.benchmarks.tables`` rewrites every such table from its JSON; ``--check``
 only reports the tables that differ (tests/benchmarks/test_tables.py runs it), and the
 test also checks that no table in the README lies outside a marker.
 """
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks import report
+from voxwire.benchmarks import report
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
@@ -271,13 +271,13 @@ def quality_clauses(r: dict[str, Any]) -> list[str]:
 
 
 def precision_layers(r: dict[str, Any]) -> list[str]:
-    from benchmarks.precision_convs import layer_table  # imports torch: only when asked
+    from voxwire.benchmarks.precision_convs import layer_table  # imports torch: only when asked
 
     return layer_table(r["layers"])
 
 
 def precision_decoder(r: dict[str, Any]) -> list[str]:
-    from benchmarks.precision_convs import decoder_table
+    from voxwire.benchmarks.precision_convs import decoder_table
 
     return decoder_table(r["decoder"])
 
@@ -398,7 +398,7 @@ def loose_tables(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tables", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.tables", description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="report stale tables, change nothing")
     args = p.parse_args(argv)
     text = README.read_text()

@@ -6,7 +6,7 @@ machine), waits until every worker's engine is loaded, and runs the same closed-
 server answers (no simulated listening: this measures throughput). It reports the wall
 time, utterances and audio seconds per second of wall time, and TTFA p50/p95/max.
 
-    python -m benchmarks.workers --workers 2 --rounds 3 --out benchmarks/results/workers
+    python -m voxwire.benchmarks.workers --workers 2 --rounds 3 --out benchmarks/results/workers
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks import loadgen
-from benchmarks.corpus import first_sentence
-from benchmarks.report import save_results
-from benchmarks.process import free_port, spawn_voxwire, stop
-from benchmarks.stats import percentiles
+from voxwire.benchmarks import loadgen
+from voxwire.benchmarks.corpus import first_sentence
+from voxwire.benchmarks.report import save_results
+from voxwire.benchmarks.process import free_port, spawn_voxwire, stop
+from voxwire.benchmarks.stats import percentiles
 
 
 def ready_workers(port: int) -> float:
@@ -64,7 +64,7 @@ async def one_server(workers: int, clients: int, per_client: int, texts: list[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.workers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.workers", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2, help="the N compared with one worker")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--clients", type=int, default=6)

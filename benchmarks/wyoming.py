@@ -9,7 +9,7 @@ of the corpus's three-sentence text, measured with the ``wyoming`` package's cli
 - 4 clients at once: each server's p95 over its own single-client p95 (target for
   Voxwire: at most 2).
 
-    python -m benchmarks.wyoming --rounds 10 --out benchmarks/results/wyoming
+    python -m voxwire.benchmarks.wyoming --rounds 10 --out benchmarks/results/wyoming
 
 ``synthesize`` (below) is the Wyoming client other benchmarks reuse.
 """
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.corpus import THREE_SENTENCES, WARMUP
-from benchmarks.peers import SETTLE_S, START_TIMEOUT_S, launch_wyoming_piper
-from benchmarks.protocols import WyomingSession
-from benchmarks.process import free_port, launch_voxwire, stop, wait_http
-from benchmarks.report import save_results
+from voxwire.benchmarks.corpus import THREE_SENTENCES, WARMUP
+from voxwire.benchmarks.peers import SETTLE_S, START_TIMEOUT_S, launch_wyoming_piper
+from voxwire.benchmarks.protocols import WyomingSession
+from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
+from voxwire.benchmarks.report import save_results
 
 CLIENTS = 4
 
@@ -147,7 +147,7 @@ def summarise(raw: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.wyoming", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.wyoming", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--piper-backend", default="torch", choices=("onnx", "torch"))
     p.add_argument("--out", type=Path, help="write wyoming.json there")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.base import WordTimings
+from voxwire.engine.base import WordTimings
 
 
 @dataclass(frozen=True)

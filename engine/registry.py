@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.base import Engine, EngineError
-from engine.precision import SETTINGS as PRECISIONS
+from voxwire.engine.base import Engine, EngineError
+from voxwire.engine.precision import SETTINGS as PRECISIONS
 
 ENGINES = ("piper", "cosyvoice2")
 
@@ -71,7 +71,7 @@ def preflight(options: EngineOptions) -> str | None:
     """Why this engine cannot load, found without loading it (a missing model file), as
     one line for the operator; None when nothing is known to stop it."""
     if options.name == "piper":
-        from engine.piper.engine import voice_files_from_path
+        from voxwire.engine.piper.engine import voice_files_from_path
 
         try:
             for path in options.piper_voices:
@@ -80,7 +80,7 @@ def preflight(options: EngineOptions) -> str | None:
             return f"{e.message}. --piper-voice takes a MODEL.onnx with its MODEL.onnx.json beside it."
         return None
     if options.name == "cosyvoice2":
-        from engine.cosyvoice2 import missing_files
+        from voxwire.engine.cosyvoice2 import missing_files
 
         missing = missing_files(options.model_dir)
         if missing:
@@ -97,7 +97,7 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
     if options.name == "piper":
 
         def piper() -> Engine:
-            from engine.piper.engine import PiperEngine, voice_files_from_path
+            from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
 
             voices = [voice_files_from_path(p) for p in options.piper_voices] or None
             return PiperEngine(
@@ -109,7 +109,7 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
     if options.name == "cosyvoice2":
 
         def cosyvoice2() -> Engine:
-            from engine.cosyvoice2.engine import CosyVoice2Engine
+            from voxwire.engine.cosyvoice2.engine import CosyVoice2Engine
 
             extra = {"cpu_threads": options.threads, **options.extra} if options.threads else dict(options.extra)
             extra.setdefault("fast_start", options.cosyvoice2_fast_start)

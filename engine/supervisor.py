@@ -13,8 +13,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from engine.base import Engine
-from engine.worker import Worker
+from voxwire.engine.base import Engine
+from voxwire.engine.worker import Worker
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from engine import scheduler
-from engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
-from engine.audio_queue import AudioQueue, Failed, Finished, Flushed
-from engine.text.segment import Segmenter, SegmenterLimits
-from engine.threads import adapt_cpu_threads
+from voxwire.engine import scheduler
+from voxwire.engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
+from voxwire.engine.audio_queue import AudioQueue, Failed, Finished, Flushed
+from voxwire.engine.text.segment import Segmenter, SegmenterLimits
+from voxwire.engine.threads import adapt_cpu_threads
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

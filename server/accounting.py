@@ -15,7 +15,7 @@ import logging
 import os
 from typing import Any
 
-from server.metrics import Metrics
+from voxwire.server.metrics import Metrics
 
 UTTERANCES = logging.getLogger("voxwire.utterance")
 CONNECTIONS = logging.getLogger("voxwire.connection")

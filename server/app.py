@@ -19,14 +19,14 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.base import EngineError
-from engine.worker import Worker
-from server import auth, openai_speech, voices
-from server.client_files import ClientFiles
-from server.config import ServerConfig
-from server.service import Service
-from server.session import ListenerStalled, Session
-from server.sockets import GOODBYE_SECONDS
+from voxwire.engine.base import EngineError
+from voxwire.engine.worker import Worker
+from voxwire.server import auth, openai_speech, voices
+from voxwire.server.client_files import ClientFiles
+from voxwire.server.config import ServerConfig
+from voxwire.server.service import Service
+from voxwire.server.session import ListenerStalled, Session
+from voxwire.server.sockets import GOODBYE_SECONDS
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 import numpy as np
 import soxr
 
-from server.codecs import CODECS, CompressedEncoder
+from voxwire.server.codecs import CODECS, CompressedEncoder
 
 Format = Literal["pcm_s16le", "pcm_f32le", "mulaw", "opus", "mp3", "aac", "flac"]
 FORMATS: tuple[str, ...] = get_args(Format)

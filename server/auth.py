@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping, Sequence
 
-from server.config import AuthConfig
+from voxwire.server.config import AuthConfig
 
 SUBPROTOCOL = "voxwire.v1"
 TOKEN_SUBPROTOCOL_PREFIX = "voxwire.token."

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.base import WordTiming, WordTimings
-from engine.audio_queue import Finished, Flushed, Item
-from engine.text import normalize
+from voxwire.engine.base import WordTiming, WordTimings
+from voxwire.engine.audio_queue import Finished, Flushed, Item
+from voxwire.engine.text import normalize
 
 REPLAY_SLICE_SECONDS = 0.2
 """Audio a replay encodes at a time: its first frame leaves after this much, and the

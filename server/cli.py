@@ -1,4 +1,4 @@
-"""``voxwire serve``: the server's command line (also ``python -m server serve``).
+"""``voxwire serve``: the server's command line (also ``python -m voxwire.server serve``).
 
 The ``voxwire`` command itself (serve, say, bench) is the top-level ``voxwire`` package,
 which sits above the server, its client and its benchmarks; nothing here imports them.
@@ -10,11 +10,11 @@ import argparse
 import logging
 import sys
 
-from engine.base import EngineError
+from voxwire.engine.base import EngineError
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from server import config_loader
+    from voxwire.server import config_loader
 
     p = sub.add_parser(
         "serve",
@@ -26,11 +26,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def serve(args: argparse.Namespace) -> int:
-    from server import config_loader
-    from server.app import create_app
-    from server.logs import configure_logging
-    from server.run import serve as run
-    from server.sockets import held_socket
+    from voxwire.server import config_loader
+    from voxwire.server.app import create_app
+    from voxwire.server.logs import configure_logging
+    from voxwire.server.run import serve as run
+    from voxwire.server.sockets import held_socket
 
     try:
         config = config_loader.load(args)
@@ -40,7 +40,7 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_format)
     if not config.auth.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
         logging.warning("listening on %s with no API key: anyone who can reach it can use it", config.host)
-    from engine.registry import preflight
+    from voxwire.engine.registry import preflight
 
     problem = preflight(config.engine)
     if problem is not None:
@@ -54,10 +54,10 @@ def serve(args: argparse.Namespace) -> int:
         print(f"voxwire: cannot listen on {config.host}:{config.port}: {e.strerror}", file=sys.stderr)
         return 2
     if config.workers > 1:
-        from server.processes import serve_workers
+        from voxwire.server.processes import serve_workers
 
         return serve_workers(config, sock)
-    from server.service import StartupError
+    from voxwire.server.service import StartupError
 
     try:
         app = create_app(config)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.registry import EngineOptions
-from server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
-from server.limits import Limits
+from voxwire.engine.registry import EngineOptions
+from voxwire.server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
+from voxwire.server.limits import Limits
 
 
 def setting(default: Any, help: str, **metadata: Any) -> Any:

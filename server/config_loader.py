@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from server.audio import FormatError, stream_rate
-from server.config import ServerConfig
+from voxwire.server.audio import FormatError, stream_rate
+from voxwire.server.config import ServerConfig
 
 ENV_PREFIX = "VOXWIRE_"
 SECTIONS = {"engine", "limits", "auth"}

@@ -26,7 +26,7 @@ from urllib.parse import unquote_plus
 
 import orjson
 
-from server.limits import WORKER_INDEX_ENV
+from voxwire.server.limits import WORKER_INDEX_ENV
 
 # uvicorn's color_message is its message with ANSI colours, for its own terminal handler.
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}

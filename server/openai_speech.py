@@ -29,11 +29,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from engine.base import Engine, EngineError
-from server.audio import content_type
-from server.bodies import Body, TooLarge, declared_media_type
-from server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, UtteranceRequest
-from server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
+from voxwire.engine.base import Engine, EngineError
+from voxwire.server.audio import content_type
+from voxwire.server.bodies import Body, TooLarge, declared_media_type
+from voxwire.server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, UtteranceRequest
+from voxwire.server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
 
 log = logging.getLogger(__name__)
 

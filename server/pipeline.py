@@ -22,15 +22,15 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from engine.audio_queue import Failed, Finished, Flushed, Item
-from engine.base import Engine, EngineError, SynthesisParams, WordTiming, WordTimings
-from engine.text import normalize
-from engine.worker import Utterance, Worker
-from server.accounting import Accounting
-from server.audio import FormatError, OutputStream, open_encoder, stream_rate
-from server.cache import CacheKey, CachedAudio, Replay, ResultCache
-from server.limits import Admission
-from server.protocol import StreamSettings
+from voxwire.engine.audio_queue import Failed, Finished, Flushed, Item
+from voxwire.engine.base import Engine, EngineError, SynthesisParams, WordTiming, WordTimings
+from voxwire.engine.text import normalize
+from voxwire.engine.worker import Utterance, Worker
+from voxwire.server.accounting import Accounting
+from voxwire.server.audio import FormatError, OutputStream, open_encoder, stream_rate
+from voxwire.server.cache import CacheKey, CachedAudio, Replay, ResultCache
+from voxwire.server.limits import Admission
+from voxwire.server.protocol import StreamSettings
 
 RETRY_AFTER_MS = 1000  # a hint: one second is long next to an utterance's first step
 

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from engine.threads import DEFAULT_MAX_THREADS, physical_cores
-from server.config import ServerConfig
-from server.limits import SHARED_ADMISSION_ENV, WORKER_INDEX_ENV, SharedAdmission
+from voxwire.engine.threads import DEFAULT_MAX_THREADS, physical_cores
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import SHARED_ADMISSION_ENV, WORKER_INDEX_ENV, SharedAdmission
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,11 @@ EXIT_CANNOT_START = 2  # a worker's settings cannot work: restarting it would lo
 def _worker(config: ServerConfig, index: int, environment: dict[str, str], sock: socket.socket) -> None:
     # Before anything imports prometheus_client, which reads its mode at import.
     os.environ.update(environment)
-    from server.app import create_app
-    from server.logs import configure_logging
-    from server.run import serve
+    from voxwire.server.app import create_app
+    from voxwire.server.logs import configure_logging
+    from voxwire.server.run import serve
 
-    from server.service import StartupError
+    from voxwire.server.service import StartupError
 
     configure_logging(config.log_level, config.log_format)
     logging.getLogger(__name__).info("worker %d starting", index)

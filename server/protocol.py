@@ -14,8 +14,8 @@ from typing import Any
 import msgpack
 import orjson
 
-from engine.text.segment import SegmenterLimits
-from server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
+from voxwire.engine.text.segment import SegmenterLimits
+from voxwire.server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
 
 PROTOCOL_VERSION = 1
 MIN_SPEED, MAX_SPEED = 0.5, 2.0

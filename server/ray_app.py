@@ -32,12 +32,12 @@ from ray import serve
 from ray.serve import Application
 from starlette.applications import Starlette
 
-from server import config_loader
-from server.app import create_app
-from server.config import ServerConfig
-from server.limits import WORKER_INDEX_ENV
-from server.metrics import Metrics
-from server.service import Service
+from voxwire.server import config_loader
+from voxwire.server.app import create_app
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import WORKER_INDEX_ENV
+from voxwire.server.metrics import Metrics
+from voxwire.server.service import Service
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
-from server.service import Service
-from server.sockets import SEND_BUFFER_BYTES, listening_socket  # noqa: F401  (re-exported: callers import them from here)
+from voxwire.server.service import Service
+from voxwire.server.sockets import SEND_BUFFER_BYTES, listening_socket  # noqa: F401  (re-exported: callers import them from here)
 
 log = logging.getLogger(__name__)
 

@@ -10,18 +10,18 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 
-from engine.base import EngineError
-from engine.registry import engine_factory
-from engine.supervisor import Supervisor
-from engine.worker import Worker
-from server.accounting import Accounting
-from server.cache import ResultCache
-from server.config import ServerConfig
-from server.limits import WORKER_INDEX_ENV, Admission, admission_for_process
-from server.metrics import Metrics, Snapshot
-from server.pipeline import Pipeline
-from server.protocol import StreamSettings
-from server.wyoming import WyomingServer, bind
+from voxwire.engine.base import EngineError
+from voxwire.engine.registry import engine_factory
+from voxwire.engine.supervisor import Supervisor
+from voxwire.engine.worker import Worker
+from voxwire.server.accounting import Accounting
+from voxwire.server.cache import ResultCache
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import WORKER_INDEX_ENV, Admission, admission_for_process
+from voxwire.server.metrics import Metrics, Snapshot
+from voxwire.server.pipeline import Pipeline
+from voxwire.server.protocol import StreamSettings
+from voxwire.server.wyoming import WyomingServer, bind
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from server import protocol
-from server.audio import describe
-from server.limits import Limits, TokenBucket
-from server.pipeline import (
+from voxwire.server import protocol
+from voxwire.server.audio import describe
+from voxwire.server.limits import Limits, TokenBucket
+from voxwire.server.pipeline import (
     AudioFrame, Done, Event, FailedEvent, FlushedEvent, Pipeline, Refused, Speech, UtteranceRequest, Words,
 )
-from server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
+from voxwire.server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
 
 log = logging.getLogger(__name__)
 

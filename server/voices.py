@@ -18,10 +18,10 @@ import soundfile
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from engine.base import Engine, EngineError
-from engine.worker import Worker
-from server.bodies import Body, TooLarge
-from server.cache import ResultCache
+from voxwire.engine.base import Engine, EngineError
+from voxwire.engine.worker import Worker
+from voxwire.server.bodies import Body, TooLarge
+from voxwire.server.cache import ResultCache
 
 log = logging.getLogger(__name__)
 

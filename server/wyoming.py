@@ -46,12 +46,12 @@ from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from engine.base import Engine, EngineError
-from server.config import ServerConfig
-from server.limits import Admission, Limits, TokenBucket
-from server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, Speech, UtteranceRequest
-from server.protocol import StreamSettings
-from server.sockets import GOODBYE_SECONDS, listening_socket
+from voxwire.engine.base import Engine, EngineError
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Admission, Limits, TokenBucket
+from voxwire.server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, Speech, UtteranceRequest
+from voxwire.server.protocol import StreamSettings
+from voxwire.server.sockets import GOODBYE_SECONDS, listening_socket
 
 log = logging.getLogger(__name__)
 

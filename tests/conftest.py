@@ -20,14 +20,14 @@ settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", derandomize=False, max_examples=5000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-from engine.base import Engine
-from engine.registry import EngineOptions
-from engine.worker import Worker
-from server.app import create_app
-from server.config import ServerConfig
-from server.limits import Limits
-from server.run import listening_socket
-from server.service import Service
+from voxwire.engine.base import Engine
+from voxwire.engine.registry import EngineOptions
+from voxwire.engine.worker import Worker
+from voxwire.server.app import create_app
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
+from voxwire.server.run import listening_socket
+from voxwire.server.service import Service
 
 
 def free_port() -> int:
@@ -120,7 +120,7 @@ def tone_server() -> Iterator[RunningServer]:
 @pytest.fixture(scope="session")
 def cosyvoice_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """CosyVoice2 on a tiny random-weight model directory in the released layout."""
-    from engine.cosyvoice2.tiny import make_tiny_model_dir
+    from voxwire.engine.cosyvoice2.tiny import make_tiny_model_dir
 
     model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("cv2_server"))
     options = EngineOptions(

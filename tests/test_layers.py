@@ -1,11 +1,12 @@
 """The layers, read from the source: no import runs the wrong way, and no modules import
 each other in a cycle.
 
-From the bottom up: engine/ (models, worker, text) knows nothing above it; server/ is
-built on engine/; the client (clients/python/voxwire_client) speaks the protocol and
-shares no code with either; benchmarks/ measure the server and the engines; the
-``voxwire`` command (voxwire/) sits above them all. tests/ may import anything, and
-nothing imports tests/.
+From the bottom up: engine/ (voxwire.engine: models, worker, text) knows nothing above
+it; server/ (voxwire.server) is built on engine/; the client
+(clients/python/voxwire_client) speaks the protocol and shares no code with either;
+benchmarks/ (voxwire.benchmarks) measure the server and the engines; the ``voxwire``
+command (voxwire/) sits above them all. tests/ may import anything, and nothing imports
+tests/.
 
 Every import counts: at module level, inside functions (lazy imports), and under
 ``if TYPE_CHECKING:`` (a type-only import still ties one module to the other, and a
@@ -21,23 +22,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Where each top-level package's source lives, relative to the repository root.
+# Where each layer's source lives, relative to the repository root: the folders are the
+# subpackages of ``voxwire`` (pyproject.toml's package-dir).
 SOURCES = {
-    "engine": Path("engine"),
-    "server": Path("server"),
-    "benchmarks": Path("benchmarks"),
+    "voxwire.engine": Path("engine"),
+    "voxwire.server": Path("server"),
+    "voxwire.benchmarks": Path("benchmarks"),
     "voxwire_client": Path("clients/python/voxwire_client"),
     "voxwire": Path("voxwire"),
 }
 
-# What each layer must not import (by top-level package).
+# What each layer must not import (by layer).
 FORBIDDEN = {
-    "engine": {"server", "benchmarks", "voxwire_client", "voxwire", "tests"},
-    "server": {"benchmarks", "voxwire_client", "voxwire", "tests"},
-    "voxwire_client": {"server", "engine", "benchmarks", "voxwire", "tests"},
-    "benchmarks": {"voxwire", "tests"},
+    "voxwire.engine": {"voxwire.server", "voxwire.benchmarks", "voxwire_client", "voxwire", "tests"},
+    "voxwire.server": {"voxwire.benchmarks", "voxwire_client", "voxwire", "tests"},
+    "voxwire_client": {"voxwire.server", "voxwire.engine", "voxwire.benchmarks", "voxwire", "tests"},
+    "voxwire.benchmarks": {"voxwire", "tests"},
     "voxwire": {"tests"},
 }
+
+
+def layer_of(module: str, sources: dict[str, Path] = SOURCES) -> str:
+    """The layer a module belongs to: the longest layer name it is in (voxwire.server.app
+    is in voxwire.server, voxwire.cli in voxwire), else its top-level package."""
+    within = [name for name in sources if module == name or module.startswith(name + ".")]
+    return max(within, key=len) if within else module.split(".")[0]
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,7 @@ def imports(root: Path, modules: dict[str, Path]) -> Iterator[Import]:
 
 
 def wrong_way(found: list[Import], forbidden: dict[str, set[str]] = FORBIDDEN) -> list[Import]:
-    bad = [i for i in found if i.target.split(".")[0] in forbidden.get(i.source.split(".")[0], set())]
+    bad = [i for i in found if layer_of(i.target) in forbidden.get(layer_of(i.source), set())]
     return list(dict.fromkeys(bad))  # once each, in file order
 
 
@@ -189,7 +198,8 @@ def _one_cycle(group: list[str], graph: dict[str, set[str]]) -> list[str]:
 
 def test_no_import_runs_the_wrong_way():
     modules = module_files(ROOT)
-    assert {"engine.worker", "server.app", "voxwire_client.client", "benchmarks.bench", "voxwire.cli"} <= set(modules)
+    assert {"voxwire.engine.worker", "voxwire.server.app", "voxwire_client.client", "voxwire.benchmarks.bench",
+            "voxwire.cli"} <= set(modules)
     bad = wrong_way(list(imports(ROOT, modules)))
     assert not bad, "imports against the layers:\n" + "\n".join(map(str, bad))
 
@@ -216,17 +226,17 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def test_the_walk_finds_hidden_imports_and_cycles(tmp_path):
     _write(tmp_path, {
         "engine/__init__.py": "",
-        "engine/base.py": "from engine import worker\n",  # cycle: base -> worker -> base
+        "engine/base.py": "from voxwire.engine import worker\n",  # cycle: base -> worker -> base
         "engine/worker.py": "from .base import Engine\n",
-        "engine/lazy.py": "def f():\n    from server.app import create_app\n",
+        "engine/lazy.py": "def f():\n    from voxwire.server.app import create_app\n",
         "engine/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tests.fixtures\n",
-        "engine/dynamic.py": "import importlib\nimportlib.import_module('benchmarks.bench')\n",
+        "engine/dynamic.py": "import importlib\nimportlib.import_module('voxwire.benchmarks.bench')\n",
         "server/__init__.py": "",
-        "server/app.py": "from engine.worker import Worker\n",  # the right way: not reported
-        "server/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from server.b import B\n",
+        "server/app.py": "from voxwire.engine.worker import Worker\n",  # the right way: not reported
+        "server/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from voxwire.server.b import B\n",
         "server/b.py": "def g():\n    from . import a\n",  # a type-only, lazy cycle: a -> b -> a
         "clients/python/voxwire_client/__init__.py": "from voxwire_client.cli import main\n",
-        "clients/python/voxwire_client/cli.py": "import engine.base\n",
+        "clients/python/voxwire_client/cli.py": "import voxwire.engine.base\n",
         "benchmarks/__init__.py": "",
         "voxwire/__init__.py": "",
     })  # fmt: skip
@@ -234,12 +244,12 @@ def test_the_walk_finds_hidden_imports_and_cycles(tmp_path):
     found = list(imports(tmp_path, modules))
     bad = {(i.source, i.target) for i in wrong_way(found)}
     assert bad == {
-        ("engine.lazy", "server.app"),
-        ("engine.typed", "tests.fixtures"),
-        ("engine.dynamic", "benchmarks.bench"),
-        ("voxwire_client.cli", "engine.base"),
+        ("voxwire.engine.lazy", "voxwire.server.app"),
+        ("voxwire.engine.typed", "tests.fixtures"),
+        ("voxwire.engine.dynamic", "voxwire.benchmarks.bench"),
+        ("voxwire_client.cli", "voxwire.engine.base"),
     }
     assert cycles(found, modules) == [
-        ["engine.base", "engine.worker", "engine.base"],
-        ["server.a", "server.b", "server.a"],
+        ["voxwire.engine.base", "voxwire.engine.worker", "voxwire.engine.base"],
+        ["voxwire.server.a", "voxwire.server.b", "voxwire.server.a"],
     ]

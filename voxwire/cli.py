@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv else None
     if command == "serve":
-        from server.cli import main as serve_main
+        from voxwire.server.cli import main as serve_main
 
         return serve_main(argv)
     if command == "say":
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return say_main(argv)
     if command == "bench":
-        from benchmarks.bench import main as bench_main
+        from voxwire.benchmarks.bench import main as bench_main
 
         return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="voxwire", description="Voxwire streaming text-to-speech")

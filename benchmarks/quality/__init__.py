@@ -6,7 +6,7 @@
 - ``dnsmos``: DNSMOS P.835 (SIG, BAK, OVRL), a proxy for artefacts and noise;
 - ``score``: one row's figures; ``targets``: what they must show.
 
-``python -m benchmarks.quality`` runs it all (``__main__``); ``paired`` hears every
+``python -m voxwire.benchmarks.quality`` runs it all (``__main__``); ``paired`` hears every
 format on one audio, ``precision`` the engine in bf16 against fp32; ``voxwire bench`` reports
 WER and DNSMOS for every server it measures.
 """

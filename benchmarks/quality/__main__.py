@@ -1,4 +1,4 @@
-"""``python -m benchmarks.quality``: what a listener hears, beside when it hears it.
+"""``python -m voxwire.benchmarks.quality``: what a listener hears, beside when it hears it.
 
 Starts Voxwire (torch, no result cache, with its Wyoming door) and its peers
 (wyoming-piper, Piper's HTTP server) on 127.0.0.1 with the same voice file, loads the
@@ -9,7 +9,7 @@ each time, each after a pause, so that background load hits them alike. The
 time to first audio is taken as each utterance is heard; the listening (Whisper,
 DNSMOS) comes after all the speaking, so that it never competes with a server.
 
-    python -m benchmarks.quality --out benchmarks/results/quality
+    python -m voxwire.benchmarks.quality --out benchmarks/results/quality
 
 Writes results.json and quality.md (the table) to --out.
 """
@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import corpus, peers, report
-from benchmarks.process import free_port, launch_voxwire, stop, wait_http
-from benchmarks.protocols import Target
-from benchmarks.quality import rows as R
-from benchmarks.quality.listen import hear, judged
-from benchmarks.quality.targets import checks
+from voxwire.benchmarks import corpus, peers, report
+from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
+from voxwire.benchmarks.protocols import Target
+from voxwire.benchmarks.quality import rows as R
+from voxwire.benchmarks.quality.listen import hear, judged
+from voxwire.benchmarks.quality.targets import checks
 
 _T0 = time.monotonic()
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("quality-results"), help="folder for results.json and quality.md")
     p.add_argument("--sentences", type=int, help="only the corpus's first N sentences (default: all)")
     p.add_argument("--no-peers", action="store_true", help="skip wyoming-piper and Piper's HTTP server")

@@ -1,4 +1,4 @@
-"""Starting streamed text at a clause: ``python -m benchmarks.quality.clauses``.
+"""Starting streamed text at a clause: ``python -m voxwire.benchmarks.quality.clauses``.
 
 An LLM writes its answer at a few words a second. Voxwire waits for the first sentence's
 end before it speaks, and at that pace the wait is most of the time to first audio. With
@@ -17,7 +17,7 @@ measured on the quality corpus, two ways, and the default is chosen from both:
    is measured at every join and at the segment joins alone, where a clause was cut off
    from the rest of its sentence.
 
-    python -m benchmarks.quality.clauses --out benchmarks/results/quality
+    python -m voxwire.benchmarks.quality.clauses --out benchmarks/results/quality
 
 Writes clauses.json to --out.
 """
@@ -36,15 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import corpus, machine
-from benchmarks.loadgen import Heard, joins
-from benchmarks.peers import SETTLE_S
-from benchmarks.process import free_port, spawn_voxwire, stop
-from benchmarks.quality.asr import Transcriber
-from benchmarks.quality.score import Sample, heard_sample, score
-from benchmarks.quality.seams import seam_ratios
-from benchmarks.stats import summary
-from engine.text.segment import Segmenter, SegmenterLimits
+from voxwire.benchmarks import corpus, machine
+from voxwire.benchmarks.loadgen import Heard, joins
+from voxwire.benchmarks.peers import SETTLE_S
+from voxwire.benchmarks.process import free_port, spawn_voxwire, stop
+from voxwire.benchmarks.quality.asr import Transcriber
+from voxwire.benchmarks.quality.score import Sample, heard_sample, score
+from voxwire.benchmarks.quality.seams import seam_ratios
+from voxwire.benchmarks.stats import summary
+from voxwire.engine.text.segment import Segmenter, SegmenterLimits
 
 POLICIES = (0, 2, 3, 4, 5, 6)
 TOKENS_PER_SECOND = 20.0
@@ -138,8 +138,8 @@ def hear_policies(
     join, and at the joins it made early (where a clause was cut off from its sentence)."""
     import torch
 
-    from engine.base import SynthesisParams
-    from engine.registry import EngineOptions, engine_factory
+    from voxwire.engine.base import SynthesisParams
+    from voxwire.engine.registry import EngineOptions, engine_factory
 
     engine = engine_factory(EngineOptions(name="piper"))()
     params = SynthesisParams(voice=engine.default_voice() or "")
@@ -236,7 +236,7 @@ def run(texts: list[str], policies: tuple[int, ...], tokens_per_second: float) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.clauses", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.quality.clauses", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="write clauses.json there")
     p.add_argument("--sentences", type=int, help="only the corpus's first N replies (default: all)")
     p.add_argument("--policies", default=",".join(map(str, POLICIES)),

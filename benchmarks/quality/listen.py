@@ -1,5 +1,5 @@
 """Rows speak, then listeners listen: the harness's two phases, shared by
-``python -m benchmarks.quality`` and ``voxwire bench``.
+``python -m voxwire.benchmarks.quality`` and ``voxwire bench``.
 
 Speaking comes first, for every row, and listening (Whisper, DNSMOS) only after it, so
 that no transcription competes with a server for the CPU while its TTFA is measured.
@@ -12,11 +12,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks import corpus
-from benchmarks.peers import SETTLE_S
-from benchmarks.quality.asr import Transcriber
-from benchmarks.quality.rows import Row
-from benchmarks.quality.score import Sample, sample, score
+from voxwire.benchmarks import corpus
+from voxwire.benchmarks.peers import SETTLE_S
+from voxwire.benchmarks.quality.asr import Transcriber
+from voxwire.benchmarks.quality.rows import Row
+from voxwire.benchmarks.quality.score import Sample, sample, score
 
 
 def _quiet(message: str) -> None:
@@ -58,7 +58,7 @@ def listen(rows: list[Row], heard: dict[str, list[Sample]], transcriber: Transcr
 def judged(rows: list[Row], heard: dict[str, list[Sample]], sentences: int,
            log: Callable[[str], None] = _quiet) -> dict[str, Any]:
     """A stored run's body: this machine, what listened, and every row's figures."""
-    from benchmarks import machine
+    from voxwire.benchmarks import machine
 
     log("listening: Whisper and DNSMOS")
     transcriber = Transcriber()

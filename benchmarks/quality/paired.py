@@ -1,4 +1,4 @@
-"""Every format judged on the same audio: ``python -m benchmarks.quality.paired``.
+"""Every format judged on the same audio: ``python -m voxwire.benchmarks.quality.paired``.
 
 Piper samples its speech afresh each time it speaks (its noise scales), and Whisper
 hears a sentence read one way right and read another way wrong, so two rows of the
@@ -9,7 +9,7 @@ Voxwire's engine (torch, chunked, in this process) speaks each corpus sentence o
 every format and rate, the client's decoder turns it back, and Whisper and DNSMOS hear
 each. What differs between two rows is then the format's doing alone.
 
-    python -m benchmarks.quality.paired --out benchmarks/results/quality
+    python -m voxwire.benchmarks.quality.paired --out benchmarks/results/quality
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 from voxwire_client.formats import to_float32
 
-from benchmarks import corpus, machine
-from benchmarks.loadgen import Heard
-from benchmarks.quality import rows as R
-from benchmarks.quality.asr import Transcriber
-from benchmarks.quality.score import heard_sample, score
-from benchmarks.quality.targets import COMPRESSED_AGAINST
-from engine.audio_queue import Finished
-from server.audio import stream_rate
-from server.pipeline import AudioFrame, FrameStream
-from server.protocol import StreamSettings
+from voxwire.benchmarks import corpus, machine
+from voxwire.benchmarks.loadgen import Heard
+from voxwire.benchmarks.quality import rows as R
+from voxwire.benchmarks.quality.asr import Transcriber
+from voxwire.benchmarks.quality.score import heard_sample, score
+from voxwire.benchmarks.quality.targets import COMPRESSED_AGAINST
+from voxwire.engine.audio_queue import Finished
+from voxwire.server.audio import stream_rate
+from voxwire.server.pipeline import AudioFrame, FrameStream
+from voxwire.server.protocol import StreamSettings
 
 STEP_MS = 200
 # The socket's rows (benchmarks/quality/rows.py), and 16-bit PCM at Opus's 48 kHz, the
@@ -60,7 +60,7 @@ def through(audio: np.ndarray, engine_rate: int, settings: dict[str, Any]) -> He
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.paired", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.quality.paired", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="write paired.json there")
     p.add_argument("--sentences", type=int, help="only the corpus's first N sentences (default: all)")
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The engine in bf16 against fp32 and the reference: ``python -m benchmarks.quality.precision``.
+"""The engine in bf16 against fp32 and the reference: ``python -m voxwire.benchmarks.quality.precision``.
 
 Three rows speak the whole quality corpus in this process, as in the full harness
 (``listen.hear``: sentence by sentence, in a shuffled order, each after a pause): the
@@ -10,7 +10,7 @@ joins, and what differs between them is the arithmetic alone. Then Whisper and D
 all three (``listen.judged``), the precision targets are checked (``targets.checks``), and
 the seam ratios are compared join by join.
 
-    python -m benchmarks.quality.precision --out benchmarks/results/quality
+    python -m voxwire.benchmarks.quality.precision --out benchmarks/results/quality
 
 Writes precision.json to --out.
 """
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import corpus
-from benchmarks.quality import rows as R
-from benchmarks.quality.listen import hear, judged
-from benchmarks.quality.score import Sample
-from benchmarks.quality.targets import checks
+from voxwire.benchmarks import corpus
+from voxwire.benchmarks.quality import rows as R
+from voxwire.benchmarks.quality.listen import hear, judged
+from voxwire.benchmarks.quality.score import Sample
+from voxwire.benchmarks.quality.targets import checks
 
 _T0 = time.monotonic()
 
@@ -67,7 +67,7 @@ def run(texts: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.precision", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.quality.precision", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="write precision.json there")
     p.add_argument("--sentences", type=int, help="only the corpus's first N sentences (default: all)")
     args = p.parse_args(argv)
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "precision.json").write_text(json.dumps(results, indent=2, allow_nan=True))
-    from benchmarks.tables import quality_precision
-    from benchmarks.report import quality_targets
+    from voxwire.benchmarks.tables import quality_precision
+    from voxwire.benchmarks.report import quality_targets
 
     print("\n".join([*quality_precision(results), "", *quality_targets(results)]))
     return 0

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.loadgen import Heard, UtteranceResult
-from benchmarks.protocols import Opener, Session, Target, V1Session
+from voxwire.benchmarks.loadgen import Heard, UtteranceResult
+from voxwire.benchmarks.protocols import Opener, Session, Target, V1Session
 
 REFERENCE = "Piper, onnxruntime, whole sentences (reference)"
 ENGINE_FP32 = "Voxwire engine, fp32"
@@ -101,8 +101,8 @@ class EngineSession:
     repeats itself sample for sample."""
 
     def __init__(self, precision: str = "auto", seed: int | None = None) -> None:
-        from engine.base import SynthesisParams
-        from engine.registry import EngineOptions, engine_factory
+        from voxwire.engine.base import SynthesisParams
+        from voxwire.engine.registry import EngineOptions, engine_factory
 
         self.engine = engine_factory(EngineOptions(name="piper", precision=precision))()
         self.params = SynthesisParams(voice=self.engine.default_voice() or "")

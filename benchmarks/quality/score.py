@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import soxr
 
-from benchmarks.loadgen import Heard, UtteranceResult
-from benchmarks.quality.asr import ASR_RATE, Transcriber
-from benchmarks.quality.dnsmos import DNSMOS_RATE, dnsmos
-from benchmarks.quality.normalise import normalise, sentence_errors, wer
-from benchmarks.quality.seams import seam_ratios
-from benchmarks.stats import summary
+from voxwire.benchmarks.loadgen import Heard, UtteranceResult
+from voxwire.benchmarks.quality.asr import ASR_RATE, Transcriber
+from voxwire.benchmarks.quality.dnsmos import DNSMOS_RATE, dnsmos
+from voxwire.benchmarks.quality.normalise import normalise, sentence_errors, wer
+from voxwire.benchmarks.quality.seams import seam_ratios
+from voxwire.benchmarks.stats import summary
 
 assert ASR_RATE == DNSMOS_RATE  # both listeners hear the same 16 kHz audio
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.quality import rows as R
+from voxwire.benchmarks.quality import rows as R
 
 DEFAULT_WER_POINTS = 0.5
 """Voxwire's default path against the reference, on the whole corpus."""

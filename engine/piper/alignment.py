@@ -27,7 +27,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from difflib import SequenceMatcher
 
-from engine.base import WordTiming
+from voxwire.engine.base import WordTiming
 
 Phonemize = Callable[[str], list[list[str]]]
 IdsPerPhoneme = Callable[[str], int]

@@ -21,13 +21,13 @@ from typing import Literal
 import numpy as np
 import torch
 
-from engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
-from engine.piper.alignment import Aligner, word_phonemes
-from engine.piper.chunked import (
+from voxwire.engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
+from voxwire.engine.piper.alignment import Aligner, word_phonemes
+from voxwire.engine.piper.chunked import (
     FIRST_CHUNK_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
-from engine.precision import Precision, dtype, resolve
-from engine.threads import configure_cpu_threads, onnx_session_options
+from voxwire.engine.precision import Precision, dtype, resolve
+from voxwire.engine.threads import configure_cpu_threads, onnx_session_options
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class _LoadedVoice:
             self.piper = PiperVoice(session=session, config=self.config)
             self.vits = None
         else:
-            from engine.piper.onnx_weights import load_vits
+            from voxwire.engine.piper.onnx_weights import load_vits
 
             # PiperVoice is only the phonemizer here; no onnxruntime session is made.
             self.piper = PiperVoice(session=None, config=self.config)  # type: ignore[arg-type]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import regex
 
-from engine.text.normalize import MARK, normalize_piece
+from voxwire.engine.text.normalize import MARK, normalize_piece
 
 _CLOSERS = "\"')]}\u300d\u300f\uff09\u3011"
 _CLOSE = regex.escape(_CLOSERS)

@@ -12,8 +12,8 @@ pytest.importorskip("pipecat", reason="the client's pipecat extra (make test ins
 pytest.importorskip("livekit.agents", reason="the client's livekit extra (make test installs it)")
 pytest.importorskip("piper.http_server", reason="piper-tts with its HTTP server (the bench extra)")
 
-from benchmarks import tables
-from benchmarks.agents import LIVEKIT, PIPECAT, main
+from voxwire.benchmarks import tables
+from voxwire.benchmarks.agents import LIVEKIT, PIPECAT, main
 from tests.fixtures.processes import children
 
 
@@ -26,7 +26,7 @@ def test_a_quick_run_measures_every_system_through_its_framework(tmp_path):
     assert children() <= before  # both servers are gone
 
     r = json.loads(out.read_text())
-    assert r["machine"]["cores"] >= 1 and r["command"].startswith("python -m benchmarks.agents --quick")
+    assert r["machine"]["cores"] >= 1 and r["command"].startswith("python -m voxwire.benchmarks.agents --quick")
     systems = r["systems"]
     assert sorted(s["framework"] for s in systems.values()) == sorted([PIPECAT] * 3 + [LIVEKIT] * 2)
     texts = len(r["config"]["texts"])

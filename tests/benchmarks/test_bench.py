@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench import PIPER_HTTP, VOXWIRE, VOXWIRE_OPENAI, VOXWIRE_WYOMING, WYOMING_PIPER, Plan, main
-from benchmarks.process import gauge
-from server.config import ServerConfig
+from voxwire.benchmarks.bench import PIPER_HTTP, VOXWIRE, VOXWIRE_OPENAI, VOXWIRE_WYOMING, WYOMING_PIPER, Plan, main
+from voxwire.benchmarks.process import gauge
+from voxwire.server.config import ServerConfig
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from benchmarks.contention import main, sentence
+from voxwire.benchmarks.contention import main, sentence
 from tests.fixtures.processes import children
 
 

@@ -10,8 +10,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from benchmarks.loadgen import UtteranceResult
-from benchmarks.protocols import OpenAISession, Session, V1Session
+from voxwire.benchmarks.loadgen import UtteranceResult
+from voxwire.benchmarks.protocols import OpenAISession, Session, V1Session
 from tests.fixtures.engines import WORD_SECONDS, word_pitch
 
 WORDS = ["alpha", "bravo", "charlie", "delta"]

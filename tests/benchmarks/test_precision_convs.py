@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.precision_convs import (
+from voxwire.benchmarks.precision_convs import (
     QDQ, calibrate, captured, convs, decoder_table, int8_decoders, layer_shapes, layer_table, quantised, snr_db,
 )
-from engine.piper.vits import Generator, VitsConfig, to_cl
+from voxwire.engine.piper.vits import Generator, VitsConfig, to_cl
 
 TINY = VitsConfig(inter_channels=8, upsample_initial_channel=32, upsample_rates=(4, 2), upsample_kernel_sizes=(8, 4),
                   resblock_kernel_sizes=(3, 5), resblock_dilation_sizes=((1, 2), (2, 6)))

@@ -16,8 +16,8 @@ from wyoming.audio import AudioChunk, AudioStart
 from wyoming.error import Error
 from wyoming.event import async_read_event, async_write_event
 
-from benchmarks.bench import figures
-from benchmarks.protocols import Opener, Target, kind_of
+from voxwire.benchmarks.bench import figures
+from voxwire.benchmarks.protocols import Opener, Target, kind_of
 
 TEXT = "Hello there. How are you?"
 AUDIO = b"\x10\x00" * 2205  # 0.1 s of 22.05 kHz 16-bit audio that is not silence

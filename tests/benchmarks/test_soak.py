@@ -1,6 +1,6 @@
 """The soak's short form: 32 clients for a bounded time, then a leak check."""
 
-from benchmarks.soak import run
+from voxwire.benchmarks.soak import run
 
 
 def test_short_soak_leaks_nothing_and_loses_nothing():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks import tables
+from voxwire.benchmarks import tables
 
 OWNED = ("`voxwire bench`", "The torch Piper port", "Soak", "`--workers 1`", "Time to first audio at every rate")
 
@@ -11,14 +11,14 @@ def test_every_readme_table_is_generated_from_its_stored_result():
     text = tables.README.read_text()
     assert tables.BLOCK.search(text), "no generated tables at all"
     # The sections of the benchmarks that render their tables here. (Others' sections are
-    # theirs to move onto markers; `python -m benchmarks.tables --check` lists them all.)
+    # theirs to move onto markers; `python -m voxwire.benchmarks.tables --check` lists them all.)
     owned = [h for h in tables.sections(text) if h.startswith(OWNED)]
     assert len(owned) == len(OWNED), owned
     for heading in owned:
         loose = tables.loose_tables(tables.sections(text)[heading])
         assert loose == [], f"{heading}: tables typed in by hand; put them between table markers"
     fresh, changed = tables.regenerate(text)
-    assert changed == [], f"stale tables, run python -m benchmarks.tables: {changed}"
+    assert changed == [], f"stale tables, run python -m voxwire.benchmarks.tables: {changed}"
     assert fresh == text
     assert tables.console_tables(text) == []  # no table copied from a console any more
 

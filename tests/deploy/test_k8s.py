@@ -17,7 +17,7 @@ import yaml
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")
 from ray.serve.schema import ServeDeploySchema  # noqa: E402
 
-from server.ray_app import replica_config  # noqa: E402
+from voxwire.server.ray_app import replica_config  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = kubernetes_validate.latest_version()
@@ -72,7 +72,7 @@ def test_each_serve_config_is_valid_and_its_voxwire_settings_load(name):
     # A request timeout would cut long sockets.
     assert config["http_options"].get("request_timeout_s") is None
     for app in config["applications"]:
-        assert app["import_path"] == "server.ray_app:build"
+        assert app["import_path"] == "voxwire.server.ray_app:build"
         settings = replica_config(app["args"]["settings"], env={})
         (deployment,) = app["deployments"]
         assert deployment["graceful_shutdown_timeout_s"] > settings.drain_seconds

@@ -315,7 +315,7 @@ async def test_a_speech_request_over_the_apps_limit_gets_its_413_never_a_502(ngi
     """The speech route's body limit is the app's 128 KiB at nginx too: an 8 MiB body (once
     let through by the server-wide 16m, refused unread by the app, and answered 502 by
     nginx most of the time) gets OpenAI's 413, every time; one within it is spoken."""
-    from server.openai_speech import MAX_BODY_BYTES
+    from voxwire.server.openai_speech import MAX_BODY_BYTES
 
     padding = "x" * (8 << 20)
     async with httpx.AsyncClient(base_url=nginx.http, timeout=60) as http:
@@ -425,8 +425,8 @@ async def test_stalled_listeners_through_nginx_are_reclaimed(tmp_path):
     at once, whatever nginx buffers), and one that reports nothing and reads nothing
     (found once nginx's buffers are full and the socket takes nothing). Each utterance
     ends `listener_stalled`, and its slot serves a new client."""
-    from server.config import ServerConfig
-    from server.limits import Limits
+    from voxwire.server.config import ServerConfig
+    from voxwire.server.limits import Limits
     from tests.conftest import run_server
     from tests.fixtures.engines import ToneEngine
     from tests.server.test_metrics import scrape

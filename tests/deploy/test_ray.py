@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ray = pytest.importorskip("ray", reason="the ray extra (make test installs it)")
 from ray import serve  # noqa: E402
 
-from server.ray_app import Voxwire, build, replica_config  # noqa: E402
+from voxwire.server.ray_app import Voxwire, build, replica_config  # noqa: E402
 from tests.clients.js.test_browser import (  # noqa: E402
     CHROMIUM,
     CHROMIUM_ARGS,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine import precision
-from engine.base import EngineError, SynthesisParams
+from voxwire.engine import precision
+from voxwire.engine.base import EngineError, SynthesisParams
 
 WITHOUT = {"avx512_f": True, "avx2": True}  # an AVX-512 CPU without its bf16 extension
 
@@ -59,7 +59,7 @@ def _audio(engine) -> np.ndarray:
 
 
 def test_piper_on_a_cpu_without_bf16_gets_fp32_from_auto(cpu_without_bf16):
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     engine = PiperEngine(precision="auto")
     vits = engine._voices["joe"].vits
@@ -70,7 +70,7 @@ def test_piper_on_a_cpu_without_bf16_gets_fp32_from_auto(cpu_without_bf16):
 def test_piper_in_bf16_speaks():
     """Forced bf16 (whatever this CPU has): real speech, at the voice's rate, as long as
     fp32's within a frame or two (noise off: the same text gives nearly the same durations)."""
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     engines = {p: PiperEngine(precision=p) for p in ("fp32", "bf16")}
     for e in engines.values():
@@ -88,7 +88,7 @@ def test_piper_in_bf16_speaks():
     ("onnx", "bf16", "onnx backend computes in fp32 only"),
 ])
 def test_piper_refuses_what_it_cannot_compute(backend, setting, error):
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     with pytest.raises(EngineError, match=error) as e:
         PiperEngine(backend=backend, precision=setting)
@@ -96,13 +96,13 @@ def test_piper_refuses_what_it_cannot_compute(backend, setting, error):
 
 
 def test_piper_on_onnxruntime_is_fp32_under_auto():
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     assert PiperEngine(backend="onnx", precision="auto").precision == "fp32"
 
 
 def test_cosyvoice2_computes_fp32_on_the_cpu_and_says_so_for_bf16():
-    from engine.cosyvoice2.engine import resolve_precision
+    from voxwire.engine.cosyvoice2.engine import resolve_precision
 
     assert resolve_precision("auto", "cpu") == "fp32"
     assert resolve_precision("fp32", "cpu") == "fp32"
@@ -111,7 +111,7 @@ def test_cosyvoice2_computes_fp32_on_the_cpu_and_says_so_for_bf16():
 
 
 def test_cosyvoice2_on_a_gpu_takes_bf16_where_native_else_fp16(monkeypatch):
-    from engine.cosyvoice2 import engine as cosy
+    from voxwire.engine.cosyvoice2 import engine as cosy
 
     monkeypatch.setattr(cosy, "resolve", lambda setting, device: "bf16" if setting != "fp32" else "fp32")
     assert cosy.resolve_precision("auto", "cuda") == "bf16"

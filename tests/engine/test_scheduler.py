@@ -1,6 +1,6 @@
 from dataclasses import dataclass
 
-from engine.scheduler import pick, playback_deadline
+from voxwire.engine.scheduler import pick, playback_deadline
 
 
 @dataclass

@@ -4,10 +4,10 @@ import asyncio
 
 import numpy as np
 
-from engine.base import SynthesisParams
-from engine.audio_queue import Failed, Finished
-from engine.supervisor import Supervisor
-from engine.worker import Worker
+from voxwire.engine.base import SynthesisParams
+from voxwire.engine.audio_queue import Failed, Finished
+from voxwire.engine.supervisor import Supervisor
+from voxwire.engine.worker import Worker
 from tests.engine.test_worker import drain
 from tests.fixtures.engines import ToneEngine
 

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from engine import threads as threads_module
-from engine.threads import (
+from voxwire.engine import threads as threads_module
+from voxwire.engine.threads import (
     WINDOW_S,
     AdaptiveThreads,
     CpuClock,

@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from engine import worker as worker_module
-from engine.base import SynthesisParams
-from engine.audio_queue import Failed, Finished
-from engine.text.segment import Segmenter
-from engine.worker import Worker
+from voxwire.engine import worker as worker_module
+from voxwire.engine.base import SynthesisParams
+from voxwire.engine.audio_queue import Failed, Finished
+from voxwire.engine.text.segment import Segmenter
+from voxwire.engine.worker import Worker
 from tests.fixtures.waiting import drain, wait_until
 from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitches, word_pitch
 

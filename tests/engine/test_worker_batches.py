@@ -11,9 +11,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine.audio_queue import Failed, Finished
-from engine.base import SynthesisParams
-from engine.worker import Worker
+from voxwire.engine.audio_queue import Failed, Finished
+from voxwire.engine.base import SynthesisParams
+from voxwire.engine.worker import Worker
 from tests.fixtures.waiting import drain, wait_until
 from tests.fixtures.engines import RATE, WORD_SECONDS, BatchToneEngine, dominant_pitches, word_pitch
 

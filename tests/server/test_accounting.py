@@ -11,8 +11,8 @@ import orjson
 import pytest
 import websockets
 
-from server.config import ServerConfig
-from server.limits import Limits
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
 from tests.server.test_metrics import scrape

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import soxr
 
-from server.audio import OutputStream, Rechunker, encode, mulaw_encode
+from voxwire.server.audio import OutputStream, Rechunker, encode, mulaw_encode
 from voxwire_client.formats import mulaw_to_int16, to_float32
 
 

@@ -6,8 +6,8 @@ import httpx
 import pytest
 import websockets
 
-from server import auth
-from server.config import AuthConfig, ServerConfig
+from voxwire.server import auth
+from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
 

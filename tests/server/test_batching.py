@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from server.config import ServerConfig
+from voxwire.server.config import ServerConfig
 from tests.conftest import run_server
 from tests.fixtures.waiting import wait_until
 from tests.fixtures.engines import RATE, BatchToneEngine, dominant_pitches, word_pitch

@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from benchmarks.process import free_port, spawn_voxwire, stop
+from voxwire.benchmarks.process import free_port, spawn_voxwire, stop
 
 MiB = 1024 * 1024
 HUGE_JSON = 256 * MiB

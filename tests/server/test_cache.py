@@ -7,10 +7,10 @@ import httpx
 import numpy as np
 import pytest
 
-from engine.base import WordTimings
-from server.cache import REPLAY_SLICE_SECONDS, CachedAudio, ResultCache
-from server.config import ServerConfig
-from server.pipeline import FrameStream, Speech, UtteranceRequest
+from voxwire.engine.base import WordTimings
+from voxwire.server.cache import REPLAY_SLICE_SECONDS, CachedAudio, ResultCache
+from voxwire.server.config import ServerConfig
+from voxwire.server.pipeline import FrameStream, Speech, UtteranceRequest
 from tests.conftest import RunningServer, run_server
 from tests.server.codec_checks import decode
 from tests.fixtures.waiting import wait_until

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from server import config_loader
+from voxwire.server import config_loader
 from tests.conftest import free_port
 
 
 def test_cosyvoice2_without_a_model_names_every_missing_file(tmp_path):
     (tmp_path / "llm.pt").write_bytes(b"")
     run = subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--engine", "cosyvoice2", "--model-dir", str(tmp_path)],
+        [sys.executable, "-m", "voxwire", "serve", "--engine", "cosyvoice2", "--model-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=60,
     )
     assert run.returncode == 2
@@ -28,7 +28,7 @@ def test_cosyvoice2_without_a_model_names_every_missing_file(tmp_path):
 
 
 def test_help_documents_the_options():
-    run = subprocess.run([sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "voxwire", "serve", "--help"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0
     for flag in ("--engine", "--piper-backend", "--api-key", "--allow-origin", "--drain-seconds", "--step-timeout"):
         assert flag in run.stdout
@@ -42,7 +42,7 @@ def serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def serve_on(port: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``voxwire serve`` on ``port`` until it exits. In a process group of its own: should
     it start after all, its --workers processes end with it rather than outlive the test."""
-    argv = [sys.executable, "-m", "server", "serve", "--port", str(port), *args]
+    argv = [sys.executable, "-m", "voxwire", "serve", "--port", str(port), *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -91,7 +91,7 @@ def test_a_default_voice_the_engine_lacks_refuses_to_start():
 
 
 def test_help_names_each_settings_file_key():
-    run = subprocess.run([sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "voxwire", "serve", "--help"], capture_output=True, text=True, timeout=60)
     text = " ".join(run.stdout.split())  # argparse wraps lines
     assert "file: default_chunk_ms" in text and "file: [limits] max_text_chars" in text
 
@@ -133,7 +133,7 @@ def test_workers_with_any_free_wyoming_port_refuse_to_start():
 
 def help_entries() -> dict[str, str]:
     """``voxwire serve --help`` as {flag: its whole help, unwrapped}."""
-    run = subprocess.run([sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "voxwire", "serve", "--help"], capture_output=True, text=True, timeout=60)
     entries: dict[str, str] = {}
     flag = None
     for line in run.stdout.split("options:", 1)[1].splitlines():

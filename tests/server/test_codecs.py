@@ -11,10 +11,10 @@ import av
 import numpy as np
 import pytest
 
-from engine.audio_queue import Failed, Finished, Flushed
-from server.audio import FORMATS, FormatError, describe, stream_rate
-from server.pipeline import AudioFrame, FailedEvent, FlushedEvent, FrameStream
-from server.protocol import ProtocolError, StreamSettings, parse
+from voxwire.engine.audio_queue import Failed, Finished, Flushed
+from voxwire.server.audio import FORMATS, FormatError, describe, stream_rate
+from voxwire.server.pipeline import AudioFrame, FailedEvent, FlushedEvent, FrameStream
+from voxwire.server.protocol import ProtocolError, StreamSettings, parse
 from tests.server.codec_checks import HELD_BACK, PRIMING, assert_matches_pcm, codec_frame, decode
 
 ENGINE_RATE = 22050

@@ -20,8 +20,8 @@ import pytest
 import soxr
 import websockets
 
-from engine.registry import EngineOptions
-from server.config import ServerConfig
+from voxwire.engine.registry import EngineOptions
+from voxwire.server.config import ServerConfig
 from tests.conftest import run_server
 from tests.server.codec_checks import assert_matches_pcm, decode
 from tests.server.test_stream import SENTENCE, SEVERAL, assert_speech
@@ -194,7 +194,7 @@ def test_a_written_file_is_what_players_read(sdk, tmp_path):
 async def test_a_server_can_make_a_compressed_format_its_default():
     """``voxwire serve --format opus``: an utterance that names no format is Opus, the
     speech of the same text in PCM, and of its length."""
-    from benchmarks.process import free_port, spawn_voxwire, stop
+    from voxwire.benchmarks.process import free_port, spawn_voxwire, stop
 
     port = free_port()
     proc = await asyncio.to_thread(spawn_voxwire, port, "--format", "opus")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from server import config_loader
-from server.audio import FORMATS
-from server.config import ServerConfig
+from voxwire.server import config_loader
+from voxwire.server.audio import FORMATS
+from voxwire.server.config import ServerConfig
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -90,7 +90,7 @@ def test_env_round_trip():
 
 def test_serve_help_documents_every_setting():
     out = subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "voxwire", "serve", "--help"], capture_output=True, text=True, timeout=60
     ).stdout
     for s in config_loader.settings():
         assert f"--{s.flag}" in out, s.flag
@@ -99,7 +99,7 @@ def test_serve_help_documents_every_setting():
 
 def test_a_bad_setting_stops_serve_with_a_clear_message(tmp_path: Path):
     run = subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--port", "not-a-port"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "voxwire", "serve", "--port", "not-a-port"], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 2 and run.stderr == "voxwire: --port not-a-port: port must be an integer\n"
 

@@ -18,8 +18,8 @@ import orjson
 import pytest
 import websockets
 
-from server.config import ServerConfig
-from server.limits import Limits
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
 from tests.conftest import free_port, run_server
 from tests.fixtures.engines import ToneEngine
 from voxwire_client import Client, ServerError
@@ -101,7 +101,7 @@ async def test_slow_reader_is_bounded_and_others_are_unaffected():
 
 def _serve(port: int, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning", *extra],
+        [sys.executable, "-m", "voxwire", "serve", "--port", str(port), "--log-level", "warning", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

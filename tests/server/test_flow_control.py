@@ -16,11 +16,11 @@ import orjson
 import pytest
 import websockets
 
-from engine.audio_queue import AudioQueue
-from server import protocol
-from server.config import ServerConfig
-from server.limits import Limits
-from server.protocol import ProtocolError
+from voxwire.engine.audio_queue import AudioQueue
+from voxwire.server import protocol
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
+from voxwire.server.protocol import ProtocolError
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine
 from voxwire_client import Client

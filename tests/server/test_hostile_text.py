@@ -15,8 +15,8 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.tts import Synthesize
 
-from server.config import ServerConfig
-from server.limits import Limits
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import ToneEngine
 from tests.server.test_stream import ONE_LONG_SENTENCE

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import websockets
 
-from server.logs import JsonFormatter, RedactCredentials, TextFormatter, configure_logging, redact_text
+from voxwire.server.logs import JsonFormatter, RedactCredentials, TextFormatter, configure_logging, redact_text
 from tests.conftest import free_port
 from tests.server.test_faults import _wait_listening
 from voxwire_client.sync import synthesize_async
@@ -25,7 +25,7 @@ SECRET = "My account number is four four two."
 async def _utterance_lines(*flags: str) -> list[dict]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-format", "json", *flags],
+        [sys.executable, "-m", "voxwire", "serve", "--port", str(port), "--log-format", "json", *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -147,7 +147,7 @@ async def test_no_key_reaches_any_log_line_however_it_was_sent(tmp_path, log_for
     log_path = tmp_path / "server.log"
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-format", log_format,
+            [sys.executable, "-m", "voxwire", "serve", "--port", str(port), "--log-format", log_format,
              "--api-key", GOOD_KEY, "--log-text", "--workers", str(workers), "--piper-backend", "onnx"],
             stdout=subprocess.DEVNULL, stderr=log_file, text=True,
         )

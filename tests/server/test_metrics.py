@@ -8,8 +8,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.precision import resolve
-from engine.threads import DEFAULT_MAX_THREADS, WINDOW_S, CpuClock, physical_cores
+from voxwire.engine.precision import resolve
+from voxwire.engine.threads import DEFAULT_MAX_THREADS, WINDOW_S, CpuClock, physical_cores
 
 from voxwire_client.sync import synthesize_async
 

@@ -16,8 +16,8 @@ import orjson
 import pytest
 import soundfile
 
-from server import openai_speech
-from server.config import AuthConfig, ServerConfig
+from voxwire.server import openai_speech
+from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
 from tests.server.test_stream import SENTENCE, assert_speech
 

@@ -9,11 +9,11 @@ import httpx
 import numpy as np
 import pytest
 
-from engine.audio_queue import Failed, Finished, Flushed
-from engine.base import WordTiming, WordTimings
-from server.config import ServerConfig
-from server.pipeline import AudioFrame, FailedEvent, FlushedEvent, FrameStream, Words
-from server.protocol import StreamSettings
+from voxwire.engine.audio_queue import Failed, Finished, Flushed
+from voxwire.engine.base import WordTiming, WordTimings
+from voxwire.server.config import ServerConfig
+from voxwire.server.pipeline import AudioFrame, FailedEvent, FlushedEvent, FrameStream, Words
+from voxwire.server.protocol import StreamSettings
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
 from tests.server.test_metrics import scrape

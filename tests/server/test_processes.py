@@ -43,7 +43,7 @@ def wait_for(predicate, timeout: float = 120.0):
 def test_two_workers_share_the_port_and_a_dead_one_is_replaced():
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2", "--piper-backend", "onnx",
+        [sys.executable, "-m", "voxwire", "serve", "--port", str(port), "--workers", "2", "--piper-backend", "onnx",
          "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -106,7 +106,7 @@ async def test_metrics_and_limits_are_server_wide_across_workers():
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/stream"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--workers", "2", "--piper-backend", "onnx",
+        [sys.executable, "-m", "voxwire", "serve", "--port", str(port), "--workers", "2", "--piper-backend", "onnx",
          "--log-level", "warning", "--max-utterances-total", "1", "--cache-mb", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -157,12 +157,12 @@ def test_a_second_server_refuses_the_port_that_workers_serve():
     port = free_port()
     args = ["--port", str(port), "--workers", "2", "--piper-backend", "onnx", "--log-level", "warning"]
     # Own process groups: whatever happens, no worker of either outlives the test.
-    first = subprocess.Popen([sys.executable, "-m", "server", "serve", *args], stdout=subprocess.DEVNULL,
+    first = subprocess.Popen([sys.executable, "-m", "voxwire", "serve", *args], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     second = None
     try:
         workers = wait_for(lambda: _two(pids(port)))
-        second = subprocess.Popen([sys.executable, "-m", "server", "serve", *args], stdout=subprocess.DEVNULL,
+        second = subprocess.Popen([sys.executable, "-m", "voxwire", "serve", *args], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
         _, stderr = second.communicate(timeout=120)
         assert second.returncode == 2

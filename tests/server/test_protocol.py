@@ -2,9 +2,9 @@ import msgpack
 import orjson
 import pytest
 
-from engine.text.segment import SegmenterLimits
-from server import protocol
-from server.protocol import Cancel, Configure, Flush, ProtocolError, Speak
+from voxwire.engine.text.segment import SegmenterLimits
+from voxwire.server import protocol
+from voxwire.server.protocol import Cancel, Configure, Flush, ProtocolError, Speak
 
 
 def j(obj) -> str:

@@ -26,8 +26,8 @@ import pytest
 import soundfile
 import websockets
 
-from engine.registry import EngineOptions
-from server.config import ServerConfig
+from voxwire.engine.registry import EngineOptions
+from voxwire.server.config import ServerConfig
 from tests.conftest import RunningServer, run_server
 from tests.server.codec_checks import decode
 from voxwire_client import Client

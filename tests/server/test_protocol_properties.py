@@ -5,8 +5,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server import protocol
-from server.protocol import ProtocolError
+from voxwire.server import protocol
+from voxwire.server.protocol import ProtocolError
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text(),

@@ -10,10 +10,10 @@ import socket
 import orjson
 import pytest
 
-from server.config import ServerConfig
-from server.limits import Limits
-from server.run import SEND_BUFFER_BYTES, listening_socket
-from server.sockets import held_socket
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
+from voxwire.server.run import SEND_BUFFER_BYTES, listening_socket
+from voxwire.server.sockets import held_socket
 from tests.conftest import run_server
 
 PCM_BYTES_PER_SECOND = 24000 * 2

@@ -10,8 +10,8 @@ import orjson
 import pytest
 import websockets
 
-from server.config import ServerConfig
-from server.limits import Limits
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import WORD_SECONDS, ToneEngine
 
@@ -184,7 +184,7 @@ async def test_an_open_utterance_does_not_hold_the_connection_open(tone):
 
 
 async def test_timestamps_on_an_engine_without_them_are_refused_and_ready_says_so():
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     with run_server(ServerConfig(cache_mb=0), engine=lambda: PiperEngine(backend="onnx")) as s:
         async with websockets.connect(s.ws) as ws:

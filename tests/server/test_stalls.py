@@ -20,8 +20,8 @@ import orjson
 import pytest
 import websockets
 
-from server.config import ServerConfig
-from server.limits import Limits
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Limits
 from tests.conftest import Loopback, RunningServer, run_server
 from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine
 from tests.server.test_metrics import scrape

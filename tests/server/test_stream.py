@@ -11,7 +11,7 @@ import orjson
 import pytest
 import websockets
 
-from engine.precision import resolve
+from voxwire.engine.precision import resolve
 
 from voxwire_client import Audio, Client
 from voxwire_client.sync import synthesize_async

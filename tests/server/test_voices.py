@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from engine.base import EngineError
-from server import voices
-from server.voices import MAX_DECODED_SAMPLES, MAX_DECODED_SECONDS, decode_audio
+from voxwire.engine.base import EngineError
+from voxwire.server import voices
+from voxwire.server.voices import MAX_DECODED_SAMPLES, MAX_DECODED_SECONDS, decode_audio
 from tests.engine.cosyvoice2.test_schedule import no_early_stop
 from tests.server.test_bodies import HUGE_UPLOAD, SENT_BOUND, multipart_body, send_until_answered
 from tests.server.test_openai import (  # server_log is a fixture, used by name
@@ -387,9 +387,9 @@ async def test_one_registry_no_voice_yet_then_exactly_one_201(tmp_path):
     import orjson
     import websockets
 
-    from engine.cosyvoice2.tiny import make_tiny_model_dir
-    from engine.registry import EngineOptions
-    from server.config import ServerConfig
+    from voxwire.engine.cosyvoice2.tiny import make_tiny_model_dir
+    from voxwire.engine.registry import EngineOptions
+    from voxwire.server.config import ServerConfig
     from tests.conftest import run_server
 
     options = EngineOptions(

@@ -20,10 +20,10 @@ from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
-from server import config_loader
-from server.config import AuthConfig, ServerConfig
-from server.limits import Limits
-from server.wyoming import bind, read_event, wyoming_host
+from voxwire.server import config_loader
+from voxwire.server.config import AuthConfig, ServerConfig
+from voxwire.server.limits import Limits
+from voxwire.server.wyoming import bind, read_event, wyoming_host
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import dominant_pitches, word_pitch

@@ -18,7 +18,7 @@ from wyoming.error import Error
 from wyoming.event import Event, async_read_event, write_event
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from server.limits import Limits
+from voxwire.server.limits import Limits
 from tests.conftest import RunningServer
 from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import WORD_SECONDS

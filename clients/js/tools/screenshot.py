@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @contextlib.contextmanager
 def own_server():
-    from engine.registry import EngineOptions
-    from server.config import ServerConfig
+    from voxwire.engine.registry import EngineOptions
+    from voxwire.server.config import ServerConfig
     from tests.conftest import run_server
 
     with run_server(ServerConfig(engine=EngineOptions(name="piper"))) as s:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import math
 
-from benchmarks import corpus
-from benchmarks.quality import clauses
-from engine.text import normalize
+from voxwire.benchmarks import corpus
+from voxwire.benchmarks.quality import clauses
+from voxwire.engine.text import normalize
 
 
 def test_llm_tokens_are_words_and_punctuation_that_join_to_the_text():

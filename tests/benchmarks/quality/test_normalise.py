@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.quality.normalise import normalise, sentence_errors, wer
+from voxwire.benchmarks.quality.normalise import normalise, sentence_errors, wer
 
 CORPUS = Path(__file__).resolve().parents[3] / "benchmarks" / "corpus" / "quality.txt"
 

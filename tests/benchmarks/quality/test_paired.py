@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.quality.paired import SETTINGS, through
+from voxwire.benchmarks.quality.paired import SETTINGS, through
 
 RATE = 22050
 

@@ -16,7 +16,7 @@ Whisper writes it back another, now right, now wrong: over ten sentences of the 
 corpus, the engine's WER minus the reference's swung from -3.2 to +2.4 points between
 four runs of the same code (0.8 points a word). On these sentences both heard every
 word in four runs of four; the full corpus, numbers and all, is the harness's
-(``python -m benchmarks.quality``)."""
+(``python -m voxwire.benchmarks.quality``)."""
 
 from __future__ import annotations
 
@@ -26,15 +26,15 @@ import re
 import numpy as np
 import pytest
 
-from benchmarks import corpus
-from benchmarks.loadgen import Heard, UtteranceResult
-from benchmarks.protocols import V1Session
-from benchmarks.quality.asr import Transcriber
-from benchmarks.quality.dnsmos import dnsmos
-from benchmarks.quality.normalise import wer
-from benchmarks.quality.rows import ENGINE_SEED, EngineSession, ReferenceSession
-from benchmarks.quality.score import Sample, heard_sample
-from benchmarks.quality.targets import TEST_SEAM_BOUND, small_precision_failures, small_run_failures
+from voxwire.benchmarks import corpus
+from voxwire.benchmarks.loadgen import Heard, UtteranceResult
+from voxwire.benchmarks.protocols import V1Session
+from voxwire.benchmarks.quality.asr import Transcriber
+from voxwire.benchmarks.quality.dnsmos import dnsmos
+from voxwire.benchmarks.quality.normalise import wer
+from voxwire.benchmarks.quality.rows import ENGINE_SEED, EngineSession, ReferenceSession
+from voxwire.benchmarks.quality.score import Sample, heard_sample
+from voxwire.benchmarks.quality.targets import TEST_SEAM_BOUND, small_precision_failures, small_run_failures
 from tests.fixtures.damage import drop_pieces, flip_alternate, splice_gaps
 
 SENTENCES = 12

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import soxr
 
-from benchmarks.loadgen import joins
-from benchmarks.quality.seams import seam_ratios
+from voxwire.benchmarks.loadgen import joins
+from voxwire.benchmarks.quality.seams import seam_ratios
 from tests.fixtures.damage import flip_alternate, splice_gaps
 
 # "Any seam ratio exceeds" this. On real Piper audio (55 utterances; its own piece joins,

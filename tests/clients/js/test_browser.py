@@ -346,7 +346,7 @@ def test_the_readme_embedding_example_works_as_written(browser, piper_server: Ru
 
 @pytest.mark.timeout(60)
 def test_a_server_with_api_keys_takes_the_pages_token_and_refuses_without(browser):
-    from server.config import AuthConfig, ServerConfig
+    from voxwire.server.config import AuthConfig, ServerConfig
     from tests.conftest import run_server
     from tests.fixtures.engines import ToneEngine
 
@@ -375,7 +375,7 @@ def test_a_server_with_api_keys_takes_the_pages_token_and_refuses_without(browse
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("given", ["#token=", "?token="])
 def test_the_demo_pages_key_leaves_the_browser_only_as_the_subprotocol(browser, given):
-    from server.config import AuthConfig, ServerConfig
+    from voxwire.server.config import AuthConfig, ServerConfig
     from tests.conftest import run_server
     from tests.fixtures.engines import ToneEngine
 

@@ -15,8 +15,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from server.audio import encode
-from server.protocol import audio_frame
+from voxwire.server.audio import encode
+from voxwire.server.protocol import audio_frame
 from voxwire_client.formats import to_float32
 
 ROOT = Path(__file__).resolve().parents[3]

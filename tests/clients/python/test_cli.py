@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from engine.registry import EngineOptions
-from server.config import AuthConfig, ServerConfig
+from voxwire.engine.registry import EngineOptions
+from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
 from tests.server.test_stream import SENTENCE, assert_speech
 from voxwire_client import synthesize

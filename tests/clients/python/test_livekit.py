@@ -19,7 +19,7 @@ from livekit.agents import APIConnectionError, APIConnectOptions, APIStatusError
 from livekit.agents.tts import SynthesizedAudio
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 
-from server.config import AuthConfig, ServerConfig
+from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import WORD_SECONDS, ToneEngine
 from tests.server.test_metrics import scrape

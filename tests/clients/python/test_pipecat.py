@@ -39,7 +39,7 @@ from pipecat.tests.utils import run_test
 from pipecat.utils.errors import ErrorCategory
 from pipecat.workers.runner import WorkerRunner
 
-from server.config import AuthConfig, ServerConfig
+from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
 from tests.fixtures.engines import WORD_SECONDS, ToneEngine
 from tests.server.test_stream import ONE_LONG_SENTENCE, SENTENCE, SEVERAL, assert_speech

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.cosyvoice2.yaml_reader import Tagged, load_hyperpyyaml
-from engine.cosyvoice2.tiny import make_tiny_model_dir
+from voxwire.engine.cosyvoice2.yaml_reader import Tagged, load_hyperpyyaml
+from voxwire.engine.cosyvoice2.tiny import make_tiny_model_dir
 
 
 @pytest.fixture(scope="session")

@@ -25,16 +25,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine.base import Step
-from engine.cosyvoice2 import batch as batch_module
-from engine.cosyvoice2 import pipeline
-from engine.cosyvoice2.engine import CosyVoice2Engine
-from engine.cosyvoice2.estimator import cache_bytes_per_frame
-from engine.cosyvoice2.model_config import EstimatorConfig, QwenConfig
-from engine.cosyvoice2.pipeline import Schedule
-from engine.cosyvoice2.qwen2 import kv_bytes_per_token
-from engine.cosyvoice2.sampling import RasSampler
-from engine.cosyvoice2.tiny import QWEN2_0_5B
+from voxwire.engine.base import Step
+from voxwire.engine.cosyvoice2 import batch as batch_module
+from voxwire.engine.cosyvoice2 import pipeline
+from voxwire.engine.cosyvoice2.engine import CosyVoice2Engine
+from voxwire.engine.cosyvoice2.estimator import cache_bytes_per_frame
+from voxwire.engine.cosyvoice2.model_config import EstimatorConfig, QwenConfig
+from voxwire.engine.cosyvoice2.pipeline import Schedule
+from voxwire.engine.cosyvoice2.qwen2 import kv_bytes_per_token
+from voxwire.engine.cosyvoice2.sampling import RasSampler
+from voxwire.engine.cosyvoice2.tiny import QWEN2_0_5B
 
 SR = 16000
 TEXTS = (  # 19, 14, 19 and 14 tokens: the random model stops at its minimum, 2 per token

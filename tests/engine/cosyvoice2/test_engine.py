@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.base import EngineError, SynthesisParams
-from engine.cosyvoice2 import missing_files
-from engine.cosyvoice2.engine import CosyVoice2Engine
+from voxwire.engine.base import EngineError, SynthesisParams
+from voxwire.engine.cosyvoice2 import missing_files
+from voxwire.engine.cosyvoice2.engine import CosyVoice2Engine
 
 SR = 16000
 
@@ -177,8 +177,8 @@ def test_interleaved_utterances_are_independent(engine, voice, tiny_dir: Path) -
 
 
 def test_one_registration_wins_across_processes_and_all_list_the_same_order(tmp_path: Path) -> None:
-    from engine.cosyvoice2.frontend import Prompt
-    from engine.cosyvoice2.voices import StoredVoice, VoiceStore
+    from voxwire.engine.cosyvoice2.frontend import Prompt
+    from voxwire.engine.cosyvoice2.voices import StoredVoice, VoiceStore
 
     def prompt() -> Prompt:
         return Prompt(np.zeros(3, np.int64), np.zeros(4, np.int64), np.zeros((4, 80), np.float32),

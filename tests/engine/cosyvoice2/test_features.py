@@ -17,8 +17,8 @@ import pytest
 import torch
 import torchaudio
 
-from engine.cosyvoice2.features import kaldi_fbank, matcha_mel, whisper_log_mel
-from engine.cosyvoice2.model_config import MelConfig
+from voxwire.engine.cosyvoice2.features import kaldi_fbank, matcha_mel, whisper_log_mel
+from voxwire.engine.cosyvoice2.model_config import MelConfig
 
 from . import oracle_frontend
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cosyvoice2 import encoder as encoder_module
-from engine.cosyvoice2 import estimator as estimator_module
-from engine.cosyvoice2.flow import FlowStream, advance_batch
-from engine.cosyvoice2.weights import load_models
+from voxwire.engine.cosyvoice2 import encoder as encoder_module
+from voxwire.engine.cosyvoice2 import estimator as estimator_module
+from voxwire.engine.cosyvoice2.flow import FlowStream, advance_batch
+from voxwire.engine.cosyvoice2.weights import load_models
 
 PROMPTS = (37, 67, 90)  # different lengths, so their caches differ
 TOL = 1e-4

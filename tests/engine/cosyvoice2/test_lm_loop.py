@@ -35,10 +35,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cosyvoice2.lm import SpeechLM, generate_speech_tokens, token_bounds
-from engine.cosyvoice2.model_config import SamplingConfig, load_config
-from engine.cosyvoice2.sampling import RasSampler
-from engine.cosyvoice2.weights import load_lm
+from voxwire.engine.cosyvoice2.lm import SpeechLM, generate_speech_tokens, token_bounds
+from voxwire.engine.cosyvoice2.model_config import SamplingConfig, load_config
+from voxwire.engine.cosyvoice2.sampling import RasSampler
+from voxwire.engine.cosyvoice2.weights import load_lm
 
 from . import pinned
 

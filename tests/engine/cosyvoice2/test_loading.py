@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cosyvoice2.model_config import ConfigError, QwenConfig, parse_config
-from engine.cosyvoice2.qwen2 import KVCache
-from engine.cosyvoice2.tiny import QWEN2_0_5B, release_yaml
-from engine.cosyvoice2.weights import CheckpointError, fold_weight_norm, load_hift, load_models
-from engine.cosyvoice2.yaml_reader import load_hyperpyyaml
+from voxwire.engine.cosyvoice2.model_config import ConfigError, QwenConfig, parse_config
+from voxwire.engine.cosyvoice2.qwen2 import KVCache
+from voxwire.engine.cosyvoice2.tiny import QWEN2_0_5B, release_yaml
+from voxwire.engine.cosyvoice2.weights import CheckpointError, fold_weight_norm, load_hift, load_models
+from voxwire.engine.cosyvoice2.yaml_reader import load_hyperpyyaml
 
 
 def _random_like(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -74,7 +74,7 @@ def test_a_wrong_checkpoint_is_refused(full_dir: Path, tmp_path: Path) -> None:
     state.pop("conv_post.bias")
     state["unexpected.weight"] = torch.zeros(1)
     torch.save(state, tmp_path / "hift.pt")
-    from engine.cosyvoice2.model_config import load_config
+    from voxwire.engine.cosyvoice2.model_config import load_config
 
     with pytest.raises(CheckpointError, match="missing keys.*conv_post.bias.*unexpected keys"):
         load_hift(tmp_path / "hift.pt", load_config(full_dir))

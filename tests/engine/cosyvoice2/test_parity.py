@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cosyvoice2.model_config import load_config
-from engine.cosyvoice2.flow import FlowStream
-from engine.cosyvoice2.qwen2 import KVCache
-from engine.cosyvoice2.tokenizer import load_tokenizer
-from engine.cosyvoice2.weights import load_flow, load_hift, load_lm
+from voxwire.engine.cosyvoice2.model_config import load_config
+from voxwire.engine.cosyvoice2.flow import FlowStream
+from voxwire.engine.cosyvoice2.qwen2 import KVCache
+from voxwire.engine.cosyvoice2.tokenizer import load_tokenizer
+from voxwire.engine.cosyvoice2.weights import load_flow, load_hift, load_lm
 
 
 def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -163,7 +163,7 @@ def test_tokenizer_matches_transformers(tiny_dir: Path, reference) -> None:
     """Token ids equal Hugging Face's tokenizer + CosyVoice2's added specials (exact)."""
     from transformers import AutoTokenizer
 
-    from engine.cosyvoice2.tokenizer import COSYVOICE2_SPECIALS
+    from voxwire.engine.cosyvoice2.tokenizer import COSYVOICE2_SPECIALS
 
     hf = AutoTokenizer.from_pretrained(str(tiny_dir / "CosyVoice-BlankEN"))
     hf.add_special_tokens(

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cosyvoice2.flow import CausalFlow
-from engine.cosyvoice2.hift import HiFTGenerator
-from engine.cosyvoice2.lm import SpeechLM
-from engine.cosyvoice2.model_config import CosyVoice2Config, load_config
-from engine.cosyvoice2.qwen2 import KVCache
-from engine.cosyvoice2.sampling import RasSampler
-from engine.cosyvoice2.weights import load_flow, load_hift, load_lm
+from voxwire.engine.cosyvoice2.flow import CausalFlow
+from voxwire.engine.cosyvoice2.hift import HiFTGenerator
+from voxwire.engine.cosyvoice2.lm import SpeechLM
+from voxwire.engine.cosyvoice2.model_config import CosyVoice2Config, load_config
+from voxwire.engine.cosyvoice2.qwen2 import KVCache
+from voxwire.engine.cosyvoice2.sampling import RasSampler
+from voxwire.engine.cosyvoice2.weights import load_flow, load_hift, load_lm
 
 SEEDS = (0, 1, 2)
 N_DECODE = 80  # speech tokens per fixed decode

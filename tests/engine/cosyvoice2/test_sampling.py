@@ -14,8 +14,8 @@ import types
 import pytest
 import torch
 
-from engine.cosyvoice2.model_config import SamplingConfig
-from engine.cosyvoice2.sampling import RasSampler, eos_id, forbid_stop, is_stop, repeats
+from voxwire.engine.cosyvoice2.model_config import SamplingConfig
+from voxwire.engine.cosyvoice2.sampling import RasSampler, eos_id, forbid_stop, is_stop, repeats
 
 from . import pinned
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.base import EngineError, Step, SynthesisParams
-from engine.cosyvoice2.engine import CosyVoice2Engine
-from engine.cosyvoice2.pipeline import Schedule, prompt_trim
-from engine.cosyvoice2.voices import VoiceStore
-from engine.registry import EngineOptions
+from voxwire.engine.base import EngineError, Step, SynthesisParams
+from voxwire.engine.cosyvoice2.engine import CosyVoice2Engine
+from voxwire.engine.cosyvoice2.pipeline import Schedule, prompt_trim
+from voxwire.engine.cosyvoice2.voices import VoiceStore
+from voxwire.engine.registry import EngineOptions
 
 SR = 16000
 TEXT = "Hello world, this is a test of the streaming schedule."  # 33 tokens: no stop before 66
@@ -84,12 +84,12 @@ def test_fast_start_first_chunk_after_fewer_lm_steps(tiny_dir: Path, tmp_path: P
 
 
 def test_fast_start_is_an_engine_option(tiny_dir: Path) -> None:
-    from engine.registry import engine_factory
+    from voxwire.engine.registry import engine_factory
 
     assert EngineOptions(name="cosyvoice2").cosyvoice2_fast_start is False
     import argparse
 
-    from server import config_loader
+    from voxwire.server import config_loader
 
     parser = argparse.ArgumentParser()
     config_loader.add_arguments(parser)

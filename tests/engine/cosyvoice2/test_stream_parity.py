@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.cosyvoice2.frontend import Prompt
-from engine.cosyvoice2.pipeline import Stats, stream_tokens
-from engine.cosyvoice2.weights import load_models
+from voxwire.engine.cosyvoice2.frontend import Prompt
+from voxwire.engine.cosyvoice2.pipeline import Stats, stream_tokens
+from voxwire.engine.cosyvoice2.weights import load_models
 
 from . import pinned
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.cosyvoice2.flow import FlowStream
-from engine.cosyvoice2.hift import VocoderStream
-from engine.cosyvoice2.pipeline import MelStretch, prompt_trim
-from engine.cosyvoice2.weights import load_models
+from voxwire.engine.cosyvoice2.flow import FlowStream
+from voxwire.engine.cosyvoice2.hift import VocoderStream
+from voxwire.engine.cosyvoice2.pipeline import MelStretch, prompt_trim
+from voxwire.engine.cosyvoice2.weights import load_models
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cosyvoice2.text import (
+from voxwire.engine.cosyvoice2.text import (
     contains_chinese,
     normalize_text,
     spell_out_number,
@@ -23,7 +23,7 @@ from engine.cosyvoice2.text import (
     split_text,
     text_pieces,
 )
-from engine.cosyvoice2.tokenizer import load_tokenizer
+from voxwire.engine.cosyvoice2.tokenizer import load_tokenizer
 
 from . import oracle_frontend
 

@@ -54,7 +54,7 @@ def piper_voice(onnx_path):
 
 @pytest.fixture(scope="session")
 def vits(onnx_path):
-    from engine.piper.onnx_weights import load_vits
+    from voxwire.engine.piper.onnx_weights import load_vits
 
     return load_vits(onnx_path)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.base import SynthesisParams, WordTimings
+from voxwire.engine.base import SynthesisParams, WordTimings
 from tests.engine.piper.conftest import TEXTS
 
 PARAMS = SynthesisParams(voice="joe", timestamps=True)
@@ -30,7 +30,7 @@ MATCH = {"fp32": (1e-4, 60.0), "bf16": (5e-3, 60.0)}
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
 def engine(request):
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     e = PiperEngine(backend="torch", device="cpu", precision=request.param)
     torch.set_num_threads(1)  # PiperEngine sets its own count; see conftest for why 1
@@ -99,8 +99,8 @@ def test_every_newcomer_of_a_burst_has_audio_after_the_first_step(engine):
 def test_a_wide_burst_gets_longer_first_pieces_and_the_same_audio(engine):
     """On a CPU a burst's second steps run one after another, so its first pieces must
     last longer than a lone newcomer's; the audio is the same, cut elsewhere."""
-    from engine.piper.chunked import FIRST_CHUNK_FRAMES
-    from engine.piper.engine import WIDE_START
+    from voxwire.engine.piper.chunked import FIRST_CHUNK_FRAMES
+    from voxwire.engine.piper.engine import WIDE_START
 
     hop = engine._voices["joe"].config.hop_length
     texts = [TEXTS["long"], TEXTS["medium"], TEXTS["medium"] + " Again.", "Good morning, everyone.",

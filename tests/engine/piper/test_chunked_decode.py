@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.piper import chunked
-from engine.piper.chunked import chunk_spans, decode_chunks, stream_chunks
-from engine.piper.vits import Vits
+from voxwire.engine.piper import chunked
+from voxwire.engine.piper.chunked import chunk_spans, decode_chunks, stream_chunks
+from voxwire.engine.piper.vits import Vits
 
 # Measured: ~120 dB (context >= the receptive field makes chunking exact up to float
 # rounding). 80 dB is well past "inaudible" yet fails if context is even 2 frames short.

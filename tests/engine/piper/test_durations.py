@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engine.piper.vits import MAX_PHONEME_SECONDS
+from voxwire.engine.piper.vits import MAX_PHONEME_SECONDS
 
 
 @pytest.mark.parametrize("length_scale", [1.0, 2.0])

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.corpus import PRECISION_SENTENCES
-from engine.piper.chunked import CONTEXT_FRAMES, stream_chunks
-from engine.piper.engine import BF16_PARTS
-from engine.piper.vits import Vits
+from voxwire.benchmarks.corpus import PRECISION_SENTENCES
+from voxwire.engine.piper.chunked import CONTEXT_FRAMES, stream_chunks
+from voxwire.engine.piper.engine import BF16_PARTS
+from voxwire.engine.piper.vits import Vits
 from tests.engine.piper.test_chunked_decode import snr_db
 
 SENTENCES = PRECISION_SENTENCES

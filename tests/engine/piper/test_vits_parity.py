@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.piper.onnx_weights import VitsLoadError, load_vits, read_voice_config
-from engine.piper.vits import Vits, rq_spline_inverse
+from voxwire.engine.piper.onnx_weights import VitsLoadError, load_vits, read_voice_config
+from voxwire.engine.piper.vits import Vits, rq_spline_inverse
 
 # Measured on this CPU: max abs error 1.1e-5 .. 2.4e-5, SNR 92 .. 98 dB (float32 in both
 # runtimes, different kernels). The bounds leave ~8x / 20 dB for other CPUs' kernels
@@ -59,7 +59,7 @@ def test_matches_onnxruntime_deterministic(vits: Vits, piper_voice, phoneme_ids,
 def test_cuda_streaming_matches_onnxruntime(onnx_path, piper_voice, phoneme_ids):
     """The engine's path (infer_prior + stream_chunks) on CUDA: the pieces come back to
     the host and the audio holds the issue's tolerance against onnxruntime on the CPU."""
-    from engine.piper.chunked import stream_chunks
+    from voxwire.engine.piper.chunked import stream_chunks
 
     model = load_vits(onnx_path, device="cuda")
     ids = phoneme_ids["long"]
@@ -255,7 +255,7 @@ def test_every_kernel_is_stored_in_the_order_its_call_reads(onnx_path):
     """Activations are channels-last [B, C, 1, T]; a kernel stored otherwise is reordered
     by oneDNN on every call (12% of an utterance's CPU time). Loading, .to() and .double()
     must keep the order."""
-    from engine.piper.vits import Conv, ConvTranspose
+    from voxwire.engine.piper.vits import Conv, ConvTranspose
 
     model = load_vits(onnx_path)
     for m in (model, Vits(model.cfg).double()):

@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.base import SynthesisParams, WordTiming, WordTimings
-from engine.piper.alignment import Aligner, written_words
-from engine.text import normalize, segment
+from voxwire.engine.base import SynthesisParams, WordTiming, WordTimings
+from voxwire.engine.piper.alignment import Aligner, written_words
+from voxwire.engine.text import normalize, segment
 
 
 @pytest.fixture(scope="module")
 def engine():
     import torch
 
-    from engine.piper.engine import PiperEngine
+    from voxwire.engine.piper.engine import PiperEngine
 
     e = PiperEngine(backend="torch", device="cpu")
     torch.set_num_threads(1)  # PiperEngine sets its own count; see conftest for why 1

@@ -5,8 +5,8 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.text import normalize
-from engine.text.normalize import normalize_piece
+from voxwire.engine.text import normalize
+from voxwire.engine.text.normalize import normalize_piece
 
 # The tests' own oracle: a mark extends the cluster of the character before it (UAX #29),
 # and no more than 30 follow one base (the Stream-Safe Text Format's bound, UAX #15).
@@ -89,7 +89,7 @@ def test_dropped_characters_are_those_of_pythons_unicode_database():
     # Cc, Cf, Cs, Co and Cn, as unicodedata (which NFKC uses) classes them, whitespace
     # controls kept: a character class from regex's newer Unicode would keep ~28,000
     # characters that Python does not know.
-    from engine.text.normalize import _drop
+    from voxwire.engine.text.normalize import _drop
 
     everything = "".join(map(chr, range(0x110000)))
     kept = "".join(

@@ -1,8 +1,8 @@
 import pytest
 import regex
 
-from engine.text import Segmenter, normalize, segment
-from engine.text.segment import SegmenterLimits
+from voxwire.engine.text import Segmenter, normalize, segment
+from voxwire.engine.text.segment import SegmenterLimits
 
 # The tests' own oracle: a mark extends the cluster of the character before it (UAX #29),
 # and no more than 30 follow one base (the Stream-Safe Text Format's bound, UAX #15).

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.text import Segmenter, normalize, segment
+from voxwire.engine.text import Segmenter, normalize, segment
 
 MAX_TEXT = 20_000  # the server's max_text_chars
 RATIO = 25

@@ -11,8 +11,8 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.text import Segmenter, normalize, segment
-from engine.text.segment import SegmenterLimits
+from voxwire.engine.text import Segmenter, normalize, segment
+from voxwire.engine.text.segment import SegmenterLimits
 from tests.engine.text.test_segment import MARK, MAX_MARKS
 from tests.engine.text.test_segment_cost import MAX_TEXT, RATIO, cost_ratio, streamed
 
