@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voxwire.engine.errors import CodedError
+
 
 @dataclass(frozen=True)
 class Voice:
@@ -70,13 +72,9 @@ class Registered:
     created: bool
 
 
-class EngineError(Exception):
-    """A failure the client should hear about, with a stable machine-readable code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class EngineError(CodedError):
+    """A failure the client should hear about, with a stable machine-readable code:
+    ``EngineError(code, message)``, as its base ``CodedError``."""
 
 
 @dataclass
@@ -200,7 +198,9 @@ class Engine(ABC):
 
         A batching engine may raise for the whole batch (a failure it cannot pin on one
         stream); it must then leave every stream as it was before the call, so that the
-        worker can step them one by one and fail only the one at fault."""
+        worker can step them one by one and fail only the one at fault. That retry is the
+        worker's alone: an engine's step does not catch its own failure to step the same
+        streams again."""
         results: list[Step | Exception] = []
         for stream in streams:
             assert isinstance(stream, GeneratorStream), "an engine that overrides open overrides step"

@@ -9,7 +9,68 @@ from pathlib import Path
 from voxwire.engine.base import Engine, EngineError
 from voxwire.engine.precision import SETTINGS as PRECISIONS
 
-ENGINES = ("piper", "cosyvoice2")
+
+@dataclass(frozen=True)
+class _Entry:
+    """What the registry does for one engine. Each function imports its engine's module
+    itself, so that naming an engine loads no other's code."""
+
+    preflight: Callable[[EngineOptions], str | None]
+    """Why it cannot load, without loading it (see ``preflight``); None when nothing is known."""
+    load: Callable[[EngineOptions], Engine]
+    """Load it (on the worker's thread: see ``engine_factory``)."""
+
+
+def _piper_preflight(options: EngineOptions) -> str | None:
+    from voxwire.engine.piper.engine import voice_files_from_path
+
+    try:
+        for path in options.piper_voices:
+            voice_files_from_path(path)
+    except EngineError as e:
+        return f"{e.message}. --piper-voice takes a MODEL.onnx with its MODEL.onnx.json beside it."
+    return None
+
+
+def _piper_load(options: EngineOptions) -> Engine:
+    from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
+
+    voices = [voice_files_from_path(p) for p in options.piper_voices] or None
+    return PiperEngine(
+        voices=voices, backend=options.piper_backend, device=options.device, threads=options.threads,  # type: ignore[arg-type]
+        precision=options.precision,
+    )
+
+
+def _cosyvoice2_preflight(options: EngineOptions) -> str | None:
+    from voxwire.engine.cosyvoice2 import missing_files
+
+    missing = missing_files(options.model_dir)
+    if missing:
+        return (
+            f"the CosyVoice2 model directory {options.model_dir} lacks: {', '.join(missing)}.\n"
+            "Download CosyVoice2-0.5B into it (see pretrained_models/README.md); nothing is downloaded for you."
+        )
+    return None
+
+
+def _cosyvoice2_load(options: EngineOptions) -> Engine:
+    from voxwire.engine.cosyvoice2.engine import CosyVoice2Engine
+
+    extra = {"cpu_threads": options.threads, **options.extra} if options.threads else dict(options.extra)
+    extra.setdefault("fast_start", options.cosyvoice2_fast_start)
+    return CosyVoice2Engine(
+        options.model_dir, device=options.device, voices_dir=options.voices_dir, precision=options.precision,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+# The engines by name, in the order ``--engine`` lists them; the first is the default.
+_TABLE: dict[str, _Entry] = {
+    "piper": _Entry(preflight=_piper_preflight, load=_piper_load),
+    "cosyvoice2": _Entry(preflight=_cosyvoice2_preflight, load=_cosyvoice2_load),
+}
+ENGINES = tuple(_TABLE)
 
 
 @dataclass(frozen=True)
@@ -70,53 +131,23 @@ class EngineOptions:
 def preflight(options: EngineOptions) -> str | None:
     """Why this engine cannot load, found without loading it (a missing model file), as
     one line for the operator; None when nothing is known to stop it."""
-    if options.name == "piper":
-        from voxwire.engine.piper.engine import voice_files_from_path
-
-        try:
-            for path in options.piper_voices:
-                voice_files_from_path(path)
-        except EngineError as e:
-            return f"{e.message}. --piper-voice takes a MODEL.onnx with its MODEL.onnx.json beside it."
-        return None
-    if options.name == "cosyvoice2":
-        from voxwire.engine.cosyvoice2 import missing_files
-
-        missing = missing_files(options.model_dir)
-        if missing:
-            return (
-                f"the CosyVoice2 model directory {options.model_dir} lacks: {', '.join(missing)}.\n"
-                "Download CosyVoice2-0.5B into it (see pretrained_models/README.md); nothing is downloaded for you."
-            )
-        return None
-    return f"unknown engine {options.name!r}; choose one of {', '.join(ENGINES)}"
+    entry = _TABLE.get(options.name)
+    if entry is None:
+        return _unknown(options.name)
+    return entry.preflight(options)
 
 
 def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
     """A function that loads the engine; the worker calls it on its own thread."""
-    if options.name == "piper":
+    entry = _TABLE.get(options.name)
+    if entry is None:
+        raise EngineError("bad_config", _unknown(options.name))
 
-        def piper() -> Engine:
-            from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
+    def load() -> Engine:
+        return entry.load(options)
 
-            voices = [voice_files_from_path(p) for p in options.piper_voices] or None
-            return PiperEngine(
-                voices=voices, backend=options.piper_backend, device=options.device, threads=options.threads,  # type: ignore[arg-type]
-                precision=options.precision,
-            )
+    return load
 
-        return piper
-    if options.name == "cosyvoice2":
 
-        def cosyvoice2() -> Engine:
-            from voxwire.engine.cosyvoice2.engine import CosyVoice2Engine
-
-            extra = {"cpu_threads": options.threads, **options.extra} if options.threads else dict(options.extra)
-            extra.setdefault("fast_start", options.cosyvoice2_fast_start)
-            return CosyVoice2Engine(
-                options.model_dir, device=options.device, voices_dir=options.voices_dir, precision=options.precision,
-                **extra,  # type: ignore[arg-type]
-            )
-
-        return cosyvoice2
-    raise EngineError("bad_config", f"unknown engine {options.name!r}; choose one of {', '.join(ENGINES)}")
+def _unknown(name: str) -> str:
+    return f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}"

@@ -548,7 +548,9 @@ class Worker:
 
     def _step(self, engine: Engine, batch: list[Utterance]) -> None:
         """One engine step for the whole batch, timed and contained: an engine error
-        fails its own utterance alone, and the rest of the batch takes its pieces."""
+        fails its own utterance alone, and the rest of the batch takes its pieces. A step
+        that raises for the whole batch is retried here, each stream alone, to find the one
+        at fault (engines leave that retry to the worker: engine/base.py, ``Engine.step``)."""
         streams = [u.stream for u in batch]
         assert all(s is not None for s in streams)
         self.stats.cpu_threads = adapt_cpu_threads()

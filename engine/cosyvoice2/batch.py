@@ -20,8 +20,12 @@ A step runs, in order:
 
 A failure in steps 2-5 is pinned on its stream: its slot gets the exception and the
 other streams carry on. A batched flow or vocoder call that fails changes no stream,
-and its streams are run again one at a time, so only the faulty one fails. Closing a
-stream frees its slot at once; nothing of it runs after that.
+and its streams are run again one at a time, so only the faulty one fails. That is not
+the worker's retry of a failed step (engine/base.py, ``Engine.step``), which only step 1
+leaves to it: by steps 4-5 every stream has drawn and kept its token (its generator, KV
+cache and flow input have moved), so the step can no longer raise for the whole batch
+and leave every stream as it was. Closing a stream frees its slot at once; nothing of it
+runs after that.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The streaming inference loop: LM tokens -> flow chunks -> vocoder -> audio pieces.
+"""The streaming loop's rules: LM tokens -> flow chunks -> vocoder -> audio pieces.
 
 Schedule (:class:`Schedule`). By default it is the pinned official CosyVoice2Model's
 (FunAudioLLM/CosyVoice ace7c47, cosyvoice/cli/model.py): the whole flow prompt is
@@ -15,27 +15,17 @@ The first audio then needs ``first_chunk_tokens + 3`` LM steps instead of 28-52;
 trade-off is up to 24 prompt tokens (~1 s) less speaker conditioning, so the mel is
 no longer the official one.
 
-The engine steps many utterances together through ``batch.py`` (one LM token per
-stream per step); ``synthesize_ids`` is the same loop for one utterance as a generator:
-each ``next()`` runs LM steps until a chunk is ready and returns its audio, and closing
-it stops the loop between two LM steps. Tests hold the two to the same output.
+The loop itself is ``batch.py``'s: it steps many utterances together, one LM token per
+stream per step, on the schedule, speed stretch (:class:`MelStretch`) and counters
+(:class:`Stats`) defined here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
-
-from .flow import FlowStream
-from .frontend import Prompt
-from .hift import make_vocoder
-from .lm import generate_speech_tokens
-from .sampling import RasSampler
-from .weights import Models
 
 
 @dataclass
@@ -123,97 +113,3 @@ class MelStretch:
         keep = min(int(self.j * self.speed), end - 1)
         self.buf, self.base = self.buf[:, :, keep - self.base :], keep
         return out
-
-
-def synthesize_ids(
-    models: Models,
-    prompt: Prompt,
-    text_ids: list[int],
-    *,
-    stats: Stats,
-    first_chunk_tokens: int = 10,
-    fast_start: bool = False,
-    seams: str = "official",
-    speed: float = 1.0,
-    generator: torch.Generator | None = None,
-    min_tokens: int | None = None,
-    max_tokens: int | None = None,
-) -> Iterator[np.ndarray]:
-    """Stream one text segment (already tokenised) in the prompt's voice."""
-    device, ratio = models.flow.input_embedding.weight.device, models.cfg.token_mel_ratio
-    # The fixed noise covers so many frames: bound the speech length by it.
-    room = models.flow.decoder.noise.shape[2] // ratio - len(prompt.speech_tokens) - 1
-    text_max = int(len(text_ids) * models.cfg.lm.max_token_text_ratio)
-    max_tokens = min(text_max if max_tokens is None else max_tokens, room)
-
-    def count() -> None:
-        stats.lm_steps += 1
-
-    tokens = generate_speech_tokens(
-        models.lm,
-        torch.tensor(list(prompt.text_ids) + list(text_ids), device=device),
-        torch.from_numpy(prompt.speech_tokens).to(device),
-        len(text_ids),
-        RasSampler(models.cfg.lm.sampling, generator),
-        on_step=count,
-        min_tokens=min_tokens,
-        max_tokens=max_tokens,
-    )
-    try:
-        yield from stream_tokens(
-            models, prompt, tokens, stats=stats, first_chunk_tokens=first_chunk_tokens, fast_start=fast_start,
-            seams=seams, speed=speed, generator=generator,
-        )  # fmt: skip
-    finally:
-        tokens.close()  # stop the LM loop now, whatever ended us
-
-
-def stream_tokens(
-    models: Models,
-    prompt: Prompt,
-    tokens: Iterable[int],
-    *,
-    stats: Stats,
-    first_chunk_tokens: int = 10,
-    fast_start: bool = False,
-    seams: str = "official",
-    speed: float = 1.0,
-    generator: torch.Generator | None = None,
-    on_mel: Callable[[Tensor], None] | None = None,
-) -> Iterator[np.ndarray]:
-    """Speech tokens, as they arrive, to audio pieces: the schedule, the flow and the
-    vocoder of one segment. ``on_mel`` sees each chunk's mel (tests compare it)."""
-    flow_model = models.flow
-    chunk, ratio = models.cfg.flow.encoder.static_chunk_size, models.cfg.token_mel_ratio
-    schedule = Schedule(len(prompt.speech_tokens), chunk, flow_model.cfg.pre_lookahead_len, fast_start, first_chunk_tokens)
-    drop = schedule.drop
-    flow = FlowStream(
-        flow_model,
-        torch.from_numpy(prompt.speech_tokens[drop:]),
-        torch.from_numpy(prompt.mel[ratio * drop :]),
-        torch.from_numpy(prompt.embedding),
-    )
-    vocoder = make_vocoder(models.hift, generator, seams)
-    stretch = MelStretch(speed)
-    flow.advance()  # the prompt's complete chunks, before the first LM step
-    for n, token in enumerate(tokens, 1):
-        flow.push([token])
-        if not schedule.due(n):
-            continue
-        mel = flow.advance()
-        if mel.shape[2]:
-            stats.flow_chunks += 1
-            if on_mel is not None:
-                on_mel(mel)
-            audio = vocoder.push(stretch(mel))
-            stats.vocoder_chunks += 1
-            if audio.numel():
-                yield audio.cpu().numpy()
-    mel = flow.advance(final=True) if fast_start else flow.finish_full()
-    if on_mel is not None:
-        on_mel(mel)
-    audio = vocoder.push(stretch(mel, final=True), final=True)
-    stats.flow_chunks += 1
-    stats.vocoder_chunks += 1
-    if audio.numel():
-        yield audio.cpu().numpy()

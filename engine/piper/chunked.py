@@ -17,6 +17,7 @@ frame and see which output samples move, in float64):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -41,16 +42,16 @@ CONTEXT_FRAMES = 11
 FIRST_WINDOW_FRAMES = FIRST_CHUNK_FRAMES + CONTEXT_FRAMES
 # Flow receptive field is +-32 frames; with 32 the streamed flow is exact.
 FLOW_CONTEXT_FRAMES = 32
-# After the first piece the flow runs ahead of the decoder in blocks of up to
-# FLOW_BLOCK_FRAMES (6 s of audio), so most sentences need few flow calls and its
-# context costs < 10% extra flow work. But the first piece's flow is just the frames
-# its decoder window needs, and so is the second's, unless the block would be at most
-# half a block (a short sentence's rest). The second piece must be out before the
-# first (162.5 ms) has played, and in a burst of four newcomers their second steps,
-# each with a 512-frame block (~100 ms of flow on 2 cores), ran past it: every listener
-# but the first stalled. The block moves to the third step, whose piece has the
-# second's 325 ms to arrive in; the price is one more flow call for a long sentence,
-# its 2 x 32 frames of context.
+# The flow runs ahead of the decoder in blocks of up to FLOW_BLOCK_FRAMES (6 s of
+# audio), so most sentences need few flow calls and its context costs < 10% extra flow
+# work. The steps of a sentence's first FLOW_JUST_IN_TIME_PIECES pieces are the
+# exception: they flow just the frames their decoder windows need (the second's takes
+# the whole rest instead when that is at most half a block), because first audio waits
+# for the first step and the second piece must be out before the first has played; a
+# block's flow would make those steps too long. The first block comes with the third
+# piece, which has the second's longer play time to arrive in; a long sentence pays one
+# more flow call (2 x FLOW_CONTEXT_FRAMES of context). The measurements:
+# benchmarks/README.md, "Bursts: the steps after the first".
 FLOW_JUST_IN_TIME_PIECES = 2
 FLOW_BLOCK_FRAMES = 512
 
@@ -190,6 +191,48 @@ class SentenceDecoder:
         f_lo, f_hi = _window(done, end, self._flow_context, self.n, 0)
         return f_lo, f_hi, end
 
+    def plan(self) -> StepPlan:
+        """What the next step computes: its piece's span, its decoder window and the flow
+        it needs first. Changes nothing."""
+        decode = self._decode_window()
+        return StepPlan(self._spans[self._next], decode, self._flow_window(decode[1]))
+
+    def flow_inputs(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prior sample and its mask over ``plan``'s flow window (it has one)."""
+        assert plan.flow is not None and self._z_p is not None
+        lo, hi, _ = plan.flow
+        return self._z_p[:, :, lo:hi], self._mask[..., lo:hi]
+
+    def store_flow(self, plan: StepPlan, block: torch.Tensor) -> None:
+        """Keep the flow's output over ``plan``'s flow window: the new frames of z. Written
+        in place but not committed: the same inputs give the same z, so a step that fails
+        later and is run again rewrites the same values."""
+        assert plan.flow is not None
+        lo, _, end = plan.flow
+        self._z[:, :, self._flowed : end] = block[:, :, self._flowed - lo : end - lo]
+
+    def decoder_input(self, plan: StepPlan) -> torch.Tensor:
+        """z over ``plan``'s decoder window (its flow stored first)."""
+        lo, hi = plan.decode
+        return self._z[:, :, lo:hi]
+
+    def piece(self, plan: StepPlan, audio: torch.Tensor) -> np.ndarray:
+        """The piece within the decoder's output ``audio`` (1, samples) for ``plan``'s
+        window: its span, context cut off, padding's audio cut off."""
+        (start, end), (lo, _) = plan.span, plan.decode
+        hop = self.model.hop_length
+        # .cpu() is free on a CPU tensor and the device-to-host copy on CUDA.
+        piece = audio[0, (start - lo) * hop : (end - lo) * hop].cpu().numpy()
+        return piece[: max(0, self._left)]
+
+    def commit(self, plan: StepPlan) -> None:
+        """Move past the step ``plan`` describes, once its piece is computed."""
+        if plan.flow is not None:
+            self._flowed = plan.flow[2]
+        self._widest = max(self._widest, plan.decode[1] - plan.decode[0])
+        self._left -= (plan.span[1] - plan.span[0]) * self.model.hop_length
+        self._next += 1
+
     @staticmethod
     def step_many(sentences: list[SentenceDecoder]) -> list[np.ndarray]:
         """Advance each sentence by one span: the flow blocks, then the decoder windows, each
@@ -200,8 +243,7 @@ class SentenceDecoder:
         if not sentences:
             return []
         model = sentences[0].model
-        decode = [s._decode_window() for s in sentences]
-        flows = [s._flow_window(hi) for s, (_, hi) in zip(sentences, decode)]
+        plans = [s.plan() for s in sentences]
 
         def batched(jobs: list[tuple[int, int]], run: Callable[[list[int]], torch.Tensor]) -> dict[int, torch.Tensor]:
             """Run ``run`` once per window width over the members of that width; each
@@ -218,34 +260,33 @@ class SentenceDecoder:
                         rows[member] = out[k : k + 1]
             return rows
 
-        # The flow writes z in place; the same inputs give the same z, so a step that fails
-        # later and is run again rewrites the same values.
-        flow_jobs = [(f[0], f[1]) if f else (0, 0) for f in flows]
-        flowed = batched(flow_jobs, lambda ms: model.flow_reverse(
-            torch.cat([sentences[m]._z_p[:, :, flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),  # type: ignore[index]
-            torch.cat([sentences[m]._mask[..., flow_jobs[m][0] : flow_jobs[m][1]] for m in ms]),
-        ))
+        def flow(members: list[int]) -> torch.Tensor:
+            inputs = [sentences[m].flow_inputs(plans[m]) for m in members]
+            return model.flow_reverse(torch.cat([z_p for z_p, _ in inputs]), torch.cat([mask for _, mask in inputs]))
+
+        flowed = batched([(p.flow[0], p.flow[1]) if p.flow else (0, 0) for p in plans], flow)
         for m, block in flowed.items():
-            s, (f_lo, _, end) = sentences[m], flows[m]  # type: ignore[misc]
-            s._z[:, :, s._flowed : end] = block[:, :, s._flowed - f_lo : end - f_lo]
-        audio = batched(decode, lambda ms: model.decode(
-            torch.cat([sentences[m]._z[:, :, decode[m][0] : decode[m][1]] for m in ms])
+            sentences[m].store_flow(plans[m], block)
+        audio = batched([p.decode for p in plans], lambda ms: model.decode(
+            torch.cat([sentences[m].decoder_input(plans[m]) for m in ms])
         ))
-        pieces = []
-        hop = model.hop_length
-        for m, s in enumerate(sentences):
-            (start, end), (lo, hi) = s._spans[s._next], decode[m]
-            # .cpu() is free on a CPU tensor and the device-to-host copy on CUDA.
-            piece = audio[m][0, (start - lo) * hop : (end - lo) * hop].cpu().numpy()
-            piece = piece[: max(0, s._left)]
-            pieces.append(piece)
-        for m, s in enumerate(sentences):  # commit
-            if flows[m] is not None:
-                s._flowed = flows[m][2]  # type: ignore[index]
-            s._widest = max(s._widest, decode[m][1] - decode[m][0])
-            s._left -= (s._spans[s._next][1] - s._spans[s._next][0]) * model.hop_length
-            s._next += 1
+        pieces = [s.piece(p, audio[m]) for m, (s, p) in enumerate(zip(sentences, plans))]
+        for s, p in zip(sentences, plans):  # commit
+            s.commit(p)
         return pieces
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One ``SentenceDecoder`` step, planned: what ``step_many`` computes for it."""
+
+    span: tuple[int, int]
+    """[start, end) frames of the piece the step gives."""
+    decode: tuple[int, int]
+    """[lo, hi) frames of z the decoder runs on: the span and its context."""
+    flow: tuple[int, int, int] | None
+    """The flow to run first, if z is not yet computed up to ``decode``'s end: its
+    window's [lo, hi) frames of z_p, and the frame z is then computed up to."""
 
 
 def _check(z: torch.Tensor, chunk_frames: int, context_frames: int) -> None:

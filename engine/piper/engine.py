@@ -47,22 +47,18 @@ PHONEME_BUCKET = 32
 # cores) but lets a burst of newcomers share one step (up to 8 first chunks: the scheduler
 # bounds a newcomers' step by the batch size alone). The step budget, in decoded frames,
 # keeps a step of listeners already playing to about five first chunks' work (5 x 25
-# frames), so that none waits long behind a wide step: with 256 the bench's staggered
-# listeners underran at 8 where 128 held them (benchmarks/README.md, batching).
-# A GPU gains throughput from width.
+# frames), so that none waits long behind a wide step (benchmarks/README.md, batching,
+# has the measurements). A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
-# Where width costs time (a CPU), a step that starts this many newcomers or more gives
-# them a first piece twice as long (325 ms), and flows their second piece's frames too.
-# Their second steps run one after another: on 2 cores four of them (~53 ms each, a
-# third of it flow) took longer than a 162.5 ms first piece plays for, and every
-# listener in a burst of four but the first stalled just after it. A 200 ms network
-# frame leaves only 200 ms of a 325 ms piece at once, so the longer piece alone halved
-# the stalls; with the second steps only decoding, none was left, for first audio a
-# quarter to a third later. A burst of eight still stalls on 2 cores, but for a third
-# as long, its first audio a third later (benchmarks/README.md, bursts). In bf16 the
-# second steps are quicker, and a burst of four played through on the short piece, its
-# first audio 13% sooner (benchmarks/README.md, "Precision"): bf16 widens from five.
+# A burst's second steps run one after another, and each listener's second piece must
+# arrive before its first has played. Where width costs time (a CPU), a step that starts
+# at least WIDE_START[precision] newcomers therefore gives each a first piece twice as
+# long (2 x FIRST_CHUNK_FRAMES, 325 ms) and flows their second pieces' frames with it,
+# so that their second steps only decode and end in time. Smaller bursts keep the short
+# piece and its sooner first audio. bf16 steps are quicker, so bf16 widens later. The
+# measurements behind the numbers: benchmarks/README.md, "Bursts: the steps after the
+# first" and "Scheduling, re-measured in bf16".
 WIDE_START = {"fp32": 3, "bf16": 5}
 # What "bf16" computes in bf16: the text encoder, the flow and the decoder. The duration
 # predictor stays fp32, and so does the rounding of its output to whole frames: in bf16 it
@@ -279,6 +275,10 @@ class PiperEngine(Engine):
                 yield np.clip(piece * voice.gain, -1.0, 1.0).astype(np.float32, copy=False)
 
     def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
+        """The torch backend: the streams of each voice advance together (``_compute``).
+        Every voice's share is computed before any stream is changed, so a failure raises
+        for the whole batch with every stream as it was, and the worker steps them one by
+        one (engine/worker.py) to fail only the one at fault."""
         if self.backend == "onnx":
             return super().step(streams)
         results: list[Step | Exception] = [Step([], done=True)] * len(streams)
@@ -287,66 +287,81 @@ class PiperEngine(Engine):
             assert isinstance(stream, PiperStream)
             if not stream.finished:
                 by_voice.setdefault(stream.voice.files.id, []).append(i)
-        for members in by_voice.values():
-            group = [streams[i] for i in members]
-            try:
-                outcome: list[Step | Exception] = list(self._step_voice(group))  # type: ignore[arg-type]
-            except Exception as e:
-                # Nothing was committed: step each alone, so that only the one at fault fails.
-                outcome = [e] if len(group) == 1 else [self._step_alone(s) for s in group]  # type: ignore[arg-type]
-            for i, result in zip(members, outcome):
-                results[i] = result
+        computed = [(members, self._compute([streams[i] for i in members])) for members in by_voice.values()]  # type: ignore[arg-type]
+        for members, turns in computed:  # commit
+            for i, turn in zip(members, turns):
+                results[i] = turn.commit()
         return results
 
-    def _step_alone(self, stream: PiperStream) -> Step | Exception:
-        try:
-            return self._step_voice([stream])[0]
-        except Exception as e:
-            return e
+    def _compute(self, streams: list[PiperStream]) -> list[_Turn]:
+        """One step for streams of one voice, computed and not committed: start the next
+        sentence of each that needs one (one batched prior), then decode one chunk of each
+        (batched)."""
+        starting = [s for s in streams if s.decoder is None]
+        started = iter(self._start_sentences(starting) if starting else [])  # in the order of `starting`
+        turns = [_Turn(s, s.decoder) if s.decoder is not None else next(started) for s in streams]
+        with torch.inference_mode():
+            pieces = SentenceDecoder.step_many([t.decoder for t in turns])
+        for turn, piece in zip(turns, pieces):
+            turn.piece = piece
+        return turns
 
-    def _step_voice(self, streams: list[PiperStream]) -> list[Step]:
-        """One step for streams of one voice: start the next sentence of each that needs
-        one (one batched prior), then decode one chunk of each (batched). Nothing is
-        committed to a stream until all of it is computed."""
-        voice = streams[0].voice
+    def _start_sentences(self, starting: list[PiperStream]) -> list[_Turn]:
+        """The next sentence of each of ``starting`` (streams of one voice), as turns with
+        a new decoder and the sentence's durations: their priors, batched."""
+        voice = starting[0].voice
         vits = voice.vits
         assert vits is not None
         cfg = voice.config
-        starting = [s for s in streams if s.decoder is None]
-        decoders = {id(s): s.decoder for s in streams}
-        durations: dict[int, np.ndarray] = {}
-        if starting:
-            ids = [torch.tensor(voice.piper.phonemes_to_ids(s.sentences[s.next_sentence]), dtype=torch.long)
-                   for s in starting]
-            priors = []
-            with torch.inference_mode():
-                for part in batch_parts(list(range(len(starting)))):
-                    priors += vits.infer_priors([ids[i] for i in part], cfg.noise_scale,
-                                                [starting[i].length_scale for i in part], cfg.noise_w_scale,
-                                                bucket=PHONEME_BUCKET)
-            newcomers = {id(s) for s in starting if s.next_sentence == 0}
-            wide = self.width_costs_time and len(newcomers) >= WIDE_START[self.precision]
-            for s, (z_p, d) in zip(starting, priors):
-                first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and id(s) in newcomers else (FIRST_CHUNK_FRAMES, 1)
-                decoders[id(s)] = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,
-                                                  first_flow_pieces=flow_pieces)
-                durations[id(s)] = d.cpu().numpy()
+        ids = [torch.tensor(voice.piper.phonemes_to_ids(s.sentences[s.next_sentence]), dtype=torch.long)
+               for s in starting]
+        priors = []
         with torch.inference_mode():
-            pieces = SentenceDecoder.step_many([decoders[id(s)] for s in streams])  # type: ignore[misc]
-        steps = []
-        for s, piece in zip(streams, pieces):  # commit
-            out: list[np.ndarray | WordTimings] = []
-            if id(s) in durations:
-                s.decoder = decoders[id(s)]
-                phonemes = s.sentences[s.next_sentence]
-                s.next_sentence += 1
-                if s.aligner is not None:
-                    out.append(WordTimings(tuple(s.aligner.sentence(phonemes, durations[id(s)], s.offset))))
-            assert s.decoder is not None
-            if s.decoder.finished:
-                s.decoder = None
-            s.offset += piece.size
-            if piece.size:
-                out.append(np.clip(piece * voice.gain, -1.0, 1.0).astype(np.float32, copy=False))
-            steps.append(Step(out, done=s.finished))
-        return steps
+            for part in batch_parts(list(range(len(starting)))):
+                priors += vits.infer_priors([ids[i] for i in part], cfg.noise_scale,
+                                            [starting[i].length_scale for i in part], cfg.noise_w_scale,
+                                            bucket=PHONEME_BUCKET)
+        wide = self._wide_start(sum(s.next_sentence == 0 for s in starting))
+        turns = []
+        for s, (z_p, d) in zip(starting, priors):
+            first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and s.next_sentence == 0 else (FIRST_CHUNK_FRAMES, 1)
+            decoder = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,
+                                      first_flow_pieces=flow_pieces)
+            turns.append(_Turn(s, decoder, durations=d.cpu().numpy()))
+        return turns
+
+    def _wide_start(self, newcomers: int) -> bool:
+        """Whether a step that starts ``newcomers`` streams' first sentences gives them the
+        longer first piece (see WIDE_START)."""
+        return self.width_costs_time and newcomers >= WIDE_START[self.precision]
+
+
+@dataclass
+class _Turn:
+    """One stream's share of a step, computed and not yet committed: the decoder that
+    gave its piece, and, when this step starts the stream's next sentence, that
+    sentence's durations (frames per phoneme id)."""
+
+    stream: PiperStream
+    decoder: SentenceDecoder
+    durations: np.ndarray | None = None
+    piece: np.ndarray | None = None
+
+    def commit(self) -> Step:
+        """Advance the stream past this turn: its word timings, if asked for, and its audio."""
+        s, piece = self.stream, self.piece
+        assert piece is not None
+        out: list[np.ndarray | WordTimings] = []
+        if self.durations is not None:
+            s.decoder = self.decoder
+            phonemes = s.sentences[s.next_sentence]
+            s.next_sentence += 1
+            if s.aligner is not None:
+                out.append(WordTimings(tuple(s.aligner.sentence(phonemes, self.durations, s.offset))))
+        assert s.decoder is not None
+        if s.decoder.finished:
+            s.decoder = None
+        s.offset += piece.size
+        if piece.size:
+            out.append(np.clip(piece * s.voice.gain, -1.0, 1.0).astype(np.float32, copy=False))
+        return Step(out, done=s.finished)

@@ -1,11 +1,16 @@
-"""The one-stream LM decode loop against the pinned official ``Qwen2LM.inference``.
+"""The engine's LM decode loop against the pinned official ``Qwen2LM.inference``.
 
-Both run the same tiny random weights (``llm.pt`` of the fixture, loaded strictly into the
-pinned ``Qwen2LM`` and into ``SpeechLM``) with the pinned ``ras_sampling`` settings of the
-yaml. The official samplers draw from torch's global RNG, ours from the stream's own
+Ours is the loop the engine runs: ``batch.Batcher`` (the steps ``CosyVoice2Engine.step``
+runs), one stream stepped alone, its tokens read from the stream. Both run the same tiny
+random weights (``llm.pt`` of the fixture, loaded strictly into the pinned ``Qwen2LM``
+and into ``SpeechLM``) with the pinned ``ras_sampling`` settings of the yaml. The
+official samplers draw from torch's global RNG, ours from the stream's own
 ``torch.Generator``; a generator seeded with ``s`` yields the same numbers as the global
-RNG after ``torch.manual_seed(s)``, and nothing else in either loop draws (eval mode, no
-dropout). So one seed gives one stream of random numbers to both, consumed in the same
+RNG after ``torch.manual_seed(s)``, and nothing else in the official loop draws (eval
+mode, no dropout). Ours also renders the flow and vocoder as it goes, and the vocoder
+draws its noise from the stream's generator once a chunk is due; here it draws from a
+generator of its own instead, so that the LM's draws alone are compared. So one seed
+gives one stream of random numbers to both, consumed in the same
 order only if both loops make the same calls: one nucleus draw per step, plus a redraw
 from the full distribution when RAS fires. The token lists therefore agree exactly only
 when everything the loop decides agrees: the prompt layout ([sos] prompt text + text
@@ -32,13 +37,18 @@ import functools
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from voxwire.engine.cosyvoice2.lm import SpeechLM, generate_speech_tokens, token_bounds
+from voxwire.engine.base import Step
+from voxwire.engine.cosyvoice2 import batch as batch_module
+from voxwire.engine.cosyvoice2.batch import Batcher
+from voxwire.engine.cosyvoice2.frontend import Prompt
+from voxwire.engine.cosyvoice2.lm import SpeechLM, token_bounds
 from voxwire.engine.cosyvoice2.model_config import SamplingConfig, load_config
-from voxwire.engine.cosyvoice2.sampling import RasSampler
-from voxwire.engine.cosyvoice2.weights import load_lm
+from voxwire.engine.cosyvoice2.pipeline import Stats
+from voxwire.engine.cosyvoice2.weights import Models, load_models
 
 from . import pinned
 
@@ -66,8 +76,12 @@ class _PinnedMaskReading(torch.nn.Module):
 @dataclasses.dataclass
 class Pair:
     official: torch.nn.Module  # the pinned Qwen2LM
-    ours: SpeechLM
+    models: Models  # ours: the LM, with the flow and vocoder the batcher also runs
     speech_token_size: int
+
+    @property
+    def ours(self) -> SpeechLM:
+        return self.models.lm
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +103,7 @@ def pair(tiny_dir: Path, reference) -> Pair:
     state = torch.load(tiny_dir / "llm.pt", map_location="cpu", weights_only=True)
     official.load_state_dict(state, strict=True)
     encoder.model = _PinnedMaskReading(hf)  # after loading: the wrapper renames the keys
-    ours = load_lm(tiny_dir / "llm.pt", cfg).eval()
-    return Pair(official.eval(), ours, cfg.lm.speech_token_size)
+    return Pair(official.eval(), load_models(tiny_dir), cfg.lm.speech_token_size)
 
 
 def _inputs(seed: int, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -117,16 +130,36 @@ def _official(p: Pair, seed: int, max_ratio: float = 20.0) -> list[int]:
     return [int(t) for t in out]
 
 
-def _ours(p: Pair, seed: int, max_ratio: float = 20.0, sampling: SamplingConfig | None = None, **overrides) -> list[int]:
+def _ours(
+    p: Pair, seed: int, max_ratio: float = 20.0, sampling: SamplingConfig | None = None, transcript: bool = True,
+    **bounds: int,
+) -> list[int]:
+    """The speech tokens of one stream through the batcher; ``transcript=False`` leaves
+    the prompt's transcript out of the prefill; ``bounds``: min_tokens, max_tokens."""
     prompt_text, text, prompt_speech = _inputs(seed, p.speech_token_size)
-    text_ids = overrides.pop("text_ids", torch.cat([prompt_text, text], dim=1)[0])
-    cfg = p.ours.cfg
-    p.ours.cfg = dataclasses.replace(cfg, max_token_text_ratio=max_ratio)
-    try:
-        sampler = RasSampler(sampling or cfg.sampling, torch.Generator().manual_seed(seed))
-        return list(generate_speech_tokens(p.ours, text_ids, prompt_speech[0], N_TEXT, sampler, **overrides))
-    finally:
-        p.ours.cfg = cfg
+    cfg = p.models.cfg
+    lm = dataclasses.replace(cfg.lm, max_token_text_ratio=max_ratio, sampling=sampling or cfg.lm.sampling)
+    models = dataclasses.replace(p.models, cfg=dataclasses.replace(cfg, lm=lm))
+    ratio = cfg.token_mel_ratio
+    prompt = Prompt(
+        text_ids=prompt_text[0].numpy() if transcript else np.zeros(0, dtype=np.int64),
+        speech_tokens=prompt_speech[0].numpy(),
+        mel=np.zeros((ratio * N_PROMPT_SPEECH, cfg.flow.output_size), dtype=np.float32),
+        embedding=np.zeros(192, dtype=np.float32),
+    )
+    batcher = Batcher(models, Stats(), first_chunk_tokens=10)
+    make_vocoder = batch_module.make_vocoder
+    with pytest.MonkeyPatch.context() as patch:  # the vocoder's noise from a generator of its own
+        patch.setattr(batch_module, "make_vocoder", lambda hift, generator, seams: make_vocoder(
+            hift, torch.Generator().manual_seed(seed), seams))
+        stream = batcher.open(prompt, [text[0].tolist()], 1.0, seed=seed, **bounds)
+        done = False
+        while not done:
+            (result,) = batcher.step([stream])
+            assert isinstance(result, Step), result
+            done = result.done
+        stream.close()
+    return stream.tokens
 
 
 def _set_eos_bias(p: Pair, bias: float) -> types.SimpleNamespace:
@@ -180,8 +213,7 @@ def test_sampled_stop_as_official(pair: Pair, eos_bias) -> None:
         assert _ours(pair, seed) == ref, seed
         lengths.append(len(ref))
         # Negative control: the prompt transcript left out of the prefill.
-        _, text, _ = _inputs(seed, pair.speech_token_size)
-        layout_differs += _ours(pair, seed, text_ids=text[0]) != ref
+        layout_differs += _ours(pair, seed, transcript=False) != ref
     assert all(lo <= n < hi for n in lengths), lengths
     assert len(set(lengths)) > 1 and max(lengths) > lo, lengths  # the stop really is sampled
     assert layout_differs == len(SEEDS)

@@ -5,8 +5,10 @@ blob-checked), in streaming mode, with its LLM thread replaced by one that hands
 fixed speech tokens: its own schedule (25 + pad + 3 tokens first, the hop then
 doubling up to 100) calls its own ``token2wav`` (flow in streaming mode over the whole
 sequence, hift cache of 8 mel frames, cached source, Hamming fade). Its flow and HiFT
-are the oracle package's. Ours is ``pipeline.stream_tokens`` with the default options.
-Both vocoders draw their noise in the same order from the same seed.
+are the oracle package's. Ours is the engine's own decode path, ``batch.Batcher`` (the
+steps ``CosyVoice2Engine.step`` runs), with the default options, its sampler made to
+hand over the same fixed tokens (drawing nothing) and its token bounds set to their
+number. Both vocoders draw their noise in the same order from the same seed.
 
 Tolerances: mel max abs < 1e-4 per chunk; audio SNR > 60 dB. Negative controls: the
 project's own seams and the fast start both miss them.
@@ -20,8 +22,11 @@ import numpy as np
 import pytest
 import torch
 
+from voxwire.engine.base import Step
+from voxwire.engine.cosyvoice2 import batch as batch_module
+from voxwire.engine.cosyvoice2.batch import Batcher
 from voxwire.engine.cosyvoice2.frontend import Prompt
-from voxwire.engine.cosyvoice2.pipeline import Stats, stream_tokens
+from voxwire.engine.cosyvoice2.pipeline import MelStretch, Stats
 from voxwire.engine.cosyvoice2.weights import load_models
 
 from . import pinned
@@ -77,19 +82,48 @@ def _voiced(hift) -> None:
         hift.f0_predictor.classifier.bias.fill_(150.0)
 
 
-def _ours(tiny_dir_512: Path, **options):
+def _ours(tiny_dir_512: Path, seams: str = "official", fast_start: bool = False):
+    """(mel per chunk, audio pieces) from one stream stepped alone through the batcher."""
     models = load_models(tiny_dir_512)
     _voiced(models.hift)
     prompt, feat, emb, tokens = _inputs(models.cfg.flow.vocab_size)
     p = Prompt(
         text_ids=np.zeros(0, dtype=np.int64), speech_tokens=prompt[0].numpy(), mel=feat[0].numpy(), embedding=emb[0].numpy()
     )
+    fixed = iter(tokens.tolist())
     mels: list[torch.Tensor] = []
-    with torch.inference_mode():
-        pieces = list(stream_tokens(
-            models, p, tokens.tolist(), stats=Stats(), generator=torch.Generator().manual_seed(SEED), on_mel=mels.append,
-            **options,
-        ))  # fmt: skip
+
+    class Fixed:
+        """The LM's sampler, handing over the fixed tokens: the vocoder alone draws from
+        the stream's generator, as the reference's alone draws from torch's."""
+
+        def __init__(self, cfg, generator) -> None:
+            pass
+
+        def sample(self, logp, history) -> int:
+            return next(fixed)
+
+    class Recording(MelStretch):
+        """Sees each chunk's mel, as the flow gives it (speed 1: passed on unchanged)."""
+
+        def __call__(self, mel: torch.Tensor, final: bool = False) -> torch.Tensor:
+            mels.append(mel)
+            return super().__call__(mel, final)
+
+    batcher = Batcher(models, Stats(), first_chunk_tokens=10, fast_start=fast_start, seams=seams)
+    pieces: list[np.ndarray] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch_module, "RasSampler", Fixed)
+        patch.setattr(batch_module, "MelStretch", Recording)
+        stream = batcher.open(p, [[1, 2, 3, 4, 5]], 1.0, seed=SEED, min_tokens=N_TOKENS, max_tokens=N_TOKENS)
+        done = False
+        while not done:
+            (result,) = batcher.step([stream])
+            assert isinstance(result, Step), result
+            pieces += result.pieces
+            done = result.done
+        stream.close()
+    assert stream.tokens == tokens.tolist()
     return mels, pieces
 
 

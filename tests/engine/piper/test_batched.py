@@ -141,3 +141,61 @@ def test_batched_priors_draw_each_sentences_noise_as_alone(vits, phoneme_ids):
     assert not torch.allclose(other[0][0][..., :10], together[0][0][..., :10], atol=1e-3) or not torch.equal(
         other[0][1], together[0][1]
     )
+
+
+async def test_a_stream_that_fails_a_batched_step_fails_alone_in_the_worker(engine, monkeypatch):
+    """A faulty stream (a negative speed, whose length scale the batched prior refuses)
+    makes the whole step raise with every stream as it was. The engine does not retry:
+    the worker steps each stream alone (engine/worker.py), so only that one fails, and
+    the others speak as they do without it."""
+    import asyncio
+
+    from voxwire.engine import worker as worker_module
+    from voxwire.engine.audio_queue import Failed, Finished
+    from tests.fixtures.waiting import drain
+
+    # Keep the single thread this module pins: the worker would adapt the engine's own.
+    monkeypatch.setattr(worker_module, "adapt_cpu_threads", torch.get_num_threads)
+    calls: list[tuple[int, bool]] = []  # (streams, raised) per engine step
+    real = engine.step
+
+    def step(streams):
+        try:
+            results = real(streams)
+        except Exception:
+            calls.append((len(streams), True))
+            raise
+        calls.append((len(streams), False))
+        return results
+
+    monkeypatch.setattr(engine, "step", step)
+
+    async def speak(requests: list[tuple[str, SynthesisParams]]) -> list[tuple[np.ndarray, object]]:
+        # A long gather window: the utterances share the first step however slow the machine.
+        worker = worker_module.Worker(lambda: engine, warmup=False, gather_seconds=0.5).start()
+        try:
+            worker.wait_ready(60)
+            await asyncio.sleep(0.05)  # the worker waits idle, so the first request gathers the rest
+            loop = asyncio.get_running_loop()
+            utterances = []
+            for text, params in requests:
+                u = worker.submit(params, loop)
+                u.feed(text, final=True)
+                utterances.append(u)
+            return list(await asyncio.gather(*(drain(u, timeout=120) for u in utterances)))
+        finally:
+            worker.stop()
+
+    params = dataclasses.replace(PARAMS, timestamps=False)  # audio alone, then the end
+    good = [TEXTS["medium"], "Good morning, everyone."]
+    faulty = await speak([(good[0], params), ("Yes!", dataclasses.replace(params, speed=-1.0)), (good[1], params)])
+    assert calls[:4] == [(3, True), (1, False), (1, True), (1, False)]
+    assert isinstance(faulty[1][1], Failed) and faulty[1][1].code == "engine_error"
+    calls.clear()
+    clean = await speak([(t, params) for t in good])
+    assert calls[0] == (2, False)
+    largest, _ = MATCH[engine.precision]
+    for (audio, end), (clean_audio, clean_end) in zip([faulty[0], faulty[2]], clean):
+        assert isinstance(end, Finished) and isinstance(clean_end, Finished)
+        assert audio.shape == clean_audio.shape and audio.size > 0
+        assert np.abs(audio - clean_audio).max() < largest
