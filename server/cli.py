@@ -29,6 +29,7 @@ def serve(args: argparse.Namespace) -> int:
     from voxwire.server import config_loader
     from voxwire.server.app import create_app
     from voxwire.server.logs import configure_logging
+    from voxwire.server.net import is_loopback
     from voxwire.server.run import serve as run
     from voxwire.server.sockets import held_socket
 
@@ -38,7 +39,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"voxwire: {e}", file=sys.stderr)
         return 2
     configure_logging(config.log_level, config.log_format)
-    if not config.auth.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
+    if not config.auth.api_keys and not is_loopback(config.host):
         logging.warning("listening on %s with no API key: anyone who can reach it can use it", config.host)
     from voxwire.engine.registry import preflight
 

@@ -4,17 +4,40 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import mmap
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 SHARED_ADMISSION_ENV = "VOXWIRE_SHARED_ADMISSION"
 WORKER_INDEX_ENV = "VOXWIRE_WORKER_INDEX"
+"""This process's worker index: 0 .. N-1 among ``--workers N`` (server/processes.py) or
+a Ray deployment's replicas (server/ray_app.py). It names the process in log lines
+(server/logs.py), its slot in the shared admission file, and its metrics' ``worker`` label."""
+
+
+def parse_worker_index(value: str | None) -> int | None:
+    """A worker index as written in ``WORKER_INDEX_ENV``: a whole number from 0, else None
+    (unset, empty, or anything else, e.g. a Ray replica id: not an index)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value.isascii() or not value.isdigit():
+        return None
+    return int(value)
+
+
+def worker_index(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's worker index (``WORKER_INDEX_ENV``), or None where it has none or
+    the value is not an index."""
+    return parse_worker_index((os.environ if environ is None else environ).get(WORKER_INDEX_ENV))
 
 
 def _limit(default: float, help: str, low: float = 1, high: float | None = None) -> Any:
@@ -187,7 +210,14 @@ def admission_for_process(limits: Limits) -> Admission:
     path = os.environ.get(SHARED_ADMISSION_ENV)
     if not path:
         return Admission(limits)
-    return SharedAdmission(limits, Path(path), int(os.environ.get(WORKER_INDEX_ENV, "0")))
+    given = os.environ.get(WORKER_INDEX_ENV, "0")
+    index = parse_worker_index(given)
+    if index is None:
+        # No slot to count in: another worker's slot would mix two processes' counts.
+        log.warning("%s is %r, not a worker index: this process's limits are its own, not server-wide",
+                    WORKER_INDEX_ENV, given)
+        return Admission(limits)
+    return SharedAdmission(limits, Path(path), index)
 
 
 class TokenBucket:

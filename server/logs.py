@@ -3,7 +3,8 @@
 Every utterance is logged once, as the ``voxwire.utterance`` event (server/accounting.py),
 with its ids, figures and outcome. Its text is not logged unless ``log_text`` is set: what
 users say to a voice assistant is theirs. Every line carries the process id and, with
-``--workers``, the worker's index, so lines from several workers can be told apart.
+``--workers`` or in a Ray replica, the worker's index (an int, 0 .. N-1), so lines from
+several workers can be told apart.
 
 No credential reaches a line: every record that reaches the handler (Voxwire's own,
 uvicorn's access lines and uvicorn.error's ``"WebSocket /v1/stream?token=…"``) passes
@@ -26,11 +27,10 @@ from urllib.parse import unquote_plus
 
 import orjson
 
-from voxwire.server.limits import WORKER_INDEX_ENV
+from voxwire.server.limits import WORKER_INDEX_ENV, worker_index
 
 # uvicorn's color_message is its message with ANSI colours, for its own terminal handler.
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
-_WORKER = os.environ.get(WORKER_INDEX_ENV)
 
 REDACTED = "[redacted]"
 
@@ -174,8 +174,13 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in record.__dict__.items() if k not in _RESERVED}
 
 
-def _process() -> dict[str, Any]:
-    return {"pid": os.getpid(), **({"worker": int(_WORKER)} if _WORKER is not None else {})}
+def process_fields() -> dict[str, Any]:
+    """What every line says of the process that wrote it: its pid and, where it has one,
+    its worker index (an int). Read at each line, not at import: a Ray replica learns its
+    index after this module may have been imported (server/ray_app.py). A value that is
+    not an index is left out (``configure_logging`` says so once), never a crash."""
+    index = worker_index()
+    return {"pid": os.getpid(), **({"worker": index} if index is not None else {})}
 
 
 def _exception(formatter: logging.Formatter, record: logging.LogRecord) -> str | None:
@@ -192,7 +197,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
-            **_process(),
+            **process_fields(),
             **_fields(record),
         }
         if (exc := _exception(self, record)) is not None:
@@ -204,7 +209,8 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(record.created))
         extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        who = f"[{_WORKER}] " if _WORKER is not None else ""
+        index = worker_index()
+        who = f"[{index}] " if index is not None else ""
         line = f"{when} {who}{record.levelname:<7} {record.name}: {record.getMessage()}" + (f"  {extra}" if extra else "")
         if (exc := _exception(self, record)) is not None:
             line += "\n" + exc
@@ -227,3 +233,8 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    given = os.environ.get(WORKER_INDEX_ENV)
+    if given is not None and worker_index() is None:
+        logging.getLogger(__name__).warning(
+            "%s is %r, not a worker index (0, 1, ...): log lines carry no worker", WORKER_INDEX_ENV, given
+        )

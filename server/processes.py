@@ -57,83 +57,128 @@ def _worker(config: ServerConfig, index: int, environment: dict[str, str], sock:
     serve(app, config.host, config.port, config.log_level, sockets=[sock])
 
 
-def serve_workers(config: ServerConfig, sock: socket.socket, poll_seconds: float = 0.5) -> int:
-    """Run ``config.workers`` processes serving ``sock`` (listening already) until SIGTERM."""
-    # spawn, not fork: each worker starts clean and loads its own engine and threads.
-    ctx = multiprocessing.get_context("spawn")
-    stopping = False
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """What the workers share, in a directory the parent makes and removes: the admission
+    counts (one slot per worker) and prometheus-client's multiprocess files."""
 
-    run_dir = Path(tempfile.mkdtemp(prefix="voxwire-"))
-    metrics_dir = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or run_dir / "metrics")
-    shutil.rmtree(metrics_dir, ignore_errors=True)  # counters start at zero with the server
-    metrics_dir.mkdir(parents=True)
-    admission_file = run_dir / "admission"
-    SharedAdmission.create(admission_file, config.workers)
+    path: Path
+    metrics: Path
+    admission: Path
 
-    # Each worker's engine takes its share of the cores, unless --threads says otherwise:
-    # N pools each sized to every core fight over them (2.5-3x slower on 2 cores).
-    share = max(1, min(physical_cores(), DEFAULT_MAX_THREADS) // config.workers)
-    config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, threads=config.engine.threads or share))
+    @classmethod
+    def create(cls, workers: int) -> RunDir:
+        path = Path(tempfile.mkdtemp(prefix="voxwire-"))
+        metrics = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or path / "metrics")
+        shutil.rmtree(metrics, ignore_errors=True)  # counters start at zero with the server
+        metrics.mkdir(parents=True)
+        admission = path / "admission"
+        SharedAdmission.create(admission, workers)
+        return cls(path, metrics, admission)
 
-    def start(i: int) -> multiprocessing.process.BaseProcess:
-        environment = {
-            WORKER_INDEX_ENV: str(i),
-            SHARED_ADMISSION_ENV: str(admission_file),
-            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+    def environment(self, index: int) -> dict[str, str]:
+        """Worker ``index``'s variables: its index and where the shared state is."""
+        return {
+            WORKER_INDEX_ENV: str(index),
+            SHARED_ADMISSION_ENV: str(self.admission),
+            "PROMETHEUS_MULTIPROC_DIR": str(self.metrics),
         }
+
+    def forget(self, index: int, pid: int | None) -> None:
+        """A worker is gone: its slots and its live gauges go with it."""
+        from prometheus_client import multiprocess
+
+        SharedAdmission.clear_worker(self.admission, index)
+        if pid is not None:
+            multiprocess.mark_process_dead(pid, str(self.metrics))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def with_core_share(config: ServerConfig) -> ServerConfig:
+    """Each worker's engine takes its share of the cores, unless --threads says otherwise:
+    N pools each sized to every core fight over them (2.5-3x slower on 2 cores)."""
+    share = max(1, min(physical_cores(), DEFAULT_MAX_THREADS) // config.workers)
+    engine = dataclasses.replace(config.engine, threads=config.engine.threads or share)
+    return dataclasses.replace(config, engine=engine)
+
+
+class Workers:
+    """The parent's side: starts the workers, replaces one that dies, and passes a stop on."""
+
+    def __init__(self, config: ServerConfig, sock: socket.socket, shared: RunDir) -> None:
+        # spawn, not fork: each worker starts clean and loads its own engine and threads.
+        self._ctx = multiprocessing.get_context("spawn")
+        self._config = config
+        self._sock = sock
+        self._shared = shared
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.stopping = False
+
+    def start(self, i: int) -> multiprocessing.process.BaseProcess:
         # multiprocessing passes the socket's descriptor to the spawned process.
-        p = ctx.Process(
-            target=_worker, args=(config, i, environment, sock), name=f"voxwire-worker-{i}", daemon=False
+        p = self._ctx.Process(
+            target=_worker, args=(self._config, i, self._shared.environment(i), self._sock),
+            name=f"voxwire-worker-{i}", daemon=False,
         )
         p.start()
         return p
 
-    def forget(p: multiprocessing.process.BaseProcess, i: int) -> None:
-        """A worker is gone: its slots and its live gauges go with it."""
-        from prometheus_client import multiprocess
+    def start_all(self) -> None:
+        self.procs = [self.start(i) for i in range(self._config.workers)]
 
-        SharedAdmission.clear_worker(admission_file, i)
-        if p.pid is not None:
-            multiprocess.mark_process_dead(p.pid, str(metrics_dir))
-
-    def stop(sig: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        for p in procs:
+    def stop(self, sig: int, frame: FrameType | None) -> None:
+        """The SIGTERM (and SIGINT) handler: each worker is told, and drains its own utterances."""
+        self.stopping = True
+        for p in self.procs:
             if p.is_alive() and p.pid:
                 try:
-                    os.kill(p.pid, signal.SIGTERM)  # each drains its own utterances
+                    os.kill(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
 
+    def join_all(self) -> None:
+        for p in self.procs:
+            p.join(self._config.drain_seconds + 30)
+
+    def supervise(self, poll_seconds: float) -> int:
+        """Until stopped: 0 once every worker has drained, or EXIT_CANNOT_START when one
+        cannot start as configured (the others are stopped)."""
+        while True:
+            if self.stopping:
+                self.join_all()
+                return 0
+            for i, p in enumerate(self.procs):
+                if not p.is_alive():
+                    if p.exitcode == EXIT_CANNOT_START:
+                        log.error("worker %d cannot start as configured: stopping", i)
+                        self.stop(signal.SIGTERM, None)
+                        self.join_all()
+                        return EXIT_CANNOT_START
+                    log.error("worker %d exited (code %s): restarting it", i, p.exitcode)
+                    self._shared.forget(i, p.pid)
+                    self.procs[i] = self.start(i)
+            time.sleep(poll_seconds)
+
+
+def serve_workers(config: ServerConfig, sock: socket.socket, poll_seconds: float = 0.5) -> int:
+    """Run ``config.workers`` processes serving ``sock`` (listening already) until SIGTERM."""
+    shared = RunDir.create(config.workers)
+    config = with_core_share(config)
     if config.engine.voices_dir is None:
         log.warning(
             "no --voices-dir: with an engine that clones voices, one registered through "
             "POST /v1/voices stays in the worker that registered it; give the workers a "
             "shared --voices-dir"
         )
-    procs = [start(i) for i in range(config.workers)]
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    workers = Workers(config, sock, shared)
+    workers.start_all()
+    signal.signal(signal.SIGTERM, workers.stop)
+    signal.signal(signal.SIGINT, workers.stop)
     log.info("%d workers on %s:%d", config.workers, config.host, config.port)
     try:
-        while True:
-            if stopping:
-                for p in procs:
-                    p.join(config.drain_seconds + 30)
-                return 0
-            for i, p in enumerate(procs):
-                if not p.is_alive():
-                    if p.exitcode == EXIT_CANNOT_START:
-                        log.error("worker %d cannot start as configured: stopping", i)
-                        stop(signal.SIGTERM, None)
-                        for q in procs:
-                            q.join(config.drain_seconds + 30)
-                        return EXIT_CANNOT_START
-                    log.error("worker %d exited (code %s): restarting it", i, p.exitcode)
-                    forget(p, i)
-                    procs[i] = start(i)
-            time.sleep(poll_seconds)
+        return workers.supervise(poll_seconds)
     finally:
         sock.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        shared.remove()

@@ -35,7 +35,8 @@ from starlette.applications import Starlette
 from voxwire.server import config_loader
 from voxwire.server.app import create_app
 from voxwire.server.config import ServerConfig
-from voxwire.server.limits import WORKER_INDEX_ENV
+from voxwire.server.limits import WORKER_INDEX_ENV, worker_index
+from voxwire.server.logs import process_fields
 from voxwire.server.metrics import Metrics
 from voxwire.server.service import Service
 
@@ -83,8 +84,15 @@ class Voxwire:
         # Ray's own Serve metrics carry these labels, so the two join on them.
         self._labels = {"application": context.app_name, "deployment": context.deployment,
                         "replica": context.replica_id.unique_id}
-        # Metrics are labelled by worker: here, by replica, so two replicas' series differ.
-        os.environ[WORKER_INDEX_ENV] = context.replica_id.unique_id
+        # A replica is numbered as a ``--workers`` process is (server/processes.py): its index
+        # names it in log lines and is its metrics' ``worker`` label; the replica id is the
+        # ``replica`` label above. Set before the app is built: the service reads it then.
+        index = replica_index(context)
+        if index is None:
+            log.warning("Ray gives replica %s no rank: its log lines and metrics carry no worker index of "
+                        "their own", context.replica_id.unique_id)
+        else:
+            os.environ[WORKER_INDEX_ENV] = str(index)
         self._metrics_port = metrics_port
         self._exporter: MetricsExporter | None = None
         self._drainer: asyncio.Task[None] | None = None
@@ -119,7 +127,10 @@ class Voxwire:
         """This replica's state, for a deployment handle (operators' scripts and the tests
         read it; HTTP requests through the proxy reach a replica of Ray's choosing)."""
         service = self._app.state.service if self._app is not None else None
-        here = {"replica": self._labels["replica"], "pid": os.getpid(),
+        # "worker": its index as its limits read it (server/limits.py); "log_fields": what its
+        # Voxwire log lines say of it (server/logs.py).
+        here = {"replica": self._labels["replica"], "pid": os.getpid(), "worker": worker_index(),
+                "log_fields": process_fields(),
                 "metrics_port": self._exporter.port if self._exporter is not None else None}
         if service is None:
             return here
@@ -146,6 +157,17 @@ class Voxwire:
         service = self._app.state.service
         if service.defaults is not None and not service.supervisor.worker.alive and not service.draining:
             raise RuntimeError("the inference worker is not running")
+
+
+def replica_index(context: Any) -> int | None:
+    """A replica's worker index: Ray's rank of it in its deployment, 0 .. N-1 as
+    ``--workers N`` numbers its processes (a replacement takes the smallest rank free, as a
+    restarted worker keeps its index). Read once, when the replica starts: if Ray renumbers
+    its replicas later (after a downscale), this one's lines and series keep the index they
+    began with. None where this Ray gives none (one from before replica ranks)."""
+    rank = getattr(context, "rank", None)
+    rank = getattr(rank, "rank", rank)  # a ReplicaRank (Ray 2.60), or the int itself
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None
 
 
 def build(args: dict[str, Any]) -> Application:

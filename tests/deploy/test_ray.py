@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ray = pytest.importorskip("ray", reason="the ray extra (make test installs it)")
 from ray import serve  # noqa: E402
 
-from voxwire.server.ray_app import Voxwire, build, replica_config  # noqa: E402
+from voxwire.server.ray_app import Voxwire, build, replica_config, replica_index  # noqa: E402
 from tests.clients.js.test_browser import (  # noqa: E402
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -119,6 +119,18 @@ def test_replica_settings_are_checked_as_voxwire_serve_checks_them():
         replica_config({"chunk_ms": 1}, env={})
     with pytest.raises(ValueError, match="metrics_port"):
         build({"settings": {"engine": "piper"}, "metrics_port": "9500"})
+
+
+def test_a_replica_is_numbered_by_its_rank_in_the_deployment():
+    from types import SimpleNamespace
+
+    from ray.serve.schema import ReplicaRank
+
+    assert replica_index(SimpleNamespace(rank=ReplicaRank(rank=1, node_rank=0, local_rank=1))) == 1
+    assert replica_index(SimpleNamespace(rank=3)) == 3  # a Ray that gives the int itself
+    for no_rank in (SimpleNamespace(rank=None), SimpleNamespace(), SimpleNamespace(rank=True),
+                    SimpleNamespace(rank=-1)):
+        assert replica_index(no_rank) is None
 
 
 async def test_real_speech_through_the_proxy(proxy):
@@ -292,12 +304,17 @@ async def test_each_replica_serves_its_metrics_labelled_as_ray_labels_it_and_agr
             # Every series is this replica's, labelled as Ray labels its Serve metrics.
             every = [s for group in samples.values() for s in group]
             assert every and all(s.labels.items() >= labels.items() for s in every)
-            assert [s.labels["worker"] for s in samples["voxwire_peak_resident_memory_bytes"]] == [replica]
+            # Its worker index, as a --workers process has one: an int, the same in its
+            # limits, its log lines and its series' `worker` label (the id is `replica`).
+            assert isinstance(p["worker"], int) and p["log_fields"] == {"pid": p["pid"], "worker": p["worker"]}
+            assert [s.labels["worker"] for s in samples["voxwire_peak_resident_memory_bytes"]] == [str(p["worker"])]
             # Its open sockets, the autoscaling signal, read both ways: one each.
             (connections,) = samples["voxwire_connections"]
             assert connections.value == p["connections"] == await ongoing_requests(replica) == 1
             # Absent until the replica's first step: then this replica's steps, nobody else's.
             assert sum(s.value for s in samples.get("voxwire_engine_steps_total", [])) == p["steps"]
+        # Numbered 0 .. N-1 among the deployment's replicas, as --workers N numbers its processes.
+        assert sorted(p["worker"] for p in probes.values()) == [0, 1]
 
 
 async def test_a_client_whose_replica_dies_gets_a_close_and_reconnects(proxy):

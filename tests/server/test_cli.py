@@ -155,3 +155,13 @@ def test_help_shows_one_default_for_each_setting():
     assert "(default: the engine's first; env VOXWIRE_VOICE; file: default_voice)" in entries["--voice"]
     assert "(default: the engine's own; env VOXWIRE_SAMPLE_RATE;" in entries["--sample-rate"]
     assert "(default: 200; env VOXWIRE_CHUNK_MS;" in entries["--chunk-ms"]
+
+
+@pytest.mark.parametrize("host,warned", [("127.0.0.1", False), ("127.0.0.2", False), ("localhost", False),
+                                         ("::1", False), ("0.0.0.0", True)])
+def test_no_api_key_is_warned_about_off_loopback_only(tmp_path, host, warned):
+    """Without a key anyone who can reach the port can use it: fine on any loopback address
+    (server/net.py), worth a warning anywhere else. A missing voice ends the run right after."""
+    run = serve("--host", host, "--piper-voice", str(tmp_path / "missing.onnx"))
+    assert run.returncode == 2 and "missing.onnx" in run.stderr
+    assert (f"listening on {host} with no API key" in run.stderr) is warned, run.stderr

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 import pytest
 import websockets
 
 from voxwire.server.config import ServerConfig
-from voxwire.server.limits import Limits
+from voxwire.server.limits import (
+    SHARED_ADMISSION_ENV,
+    WORKER_INDEX_ENV,
+    Admission,
+    Limits,
+    SharedAdmission,
+    admission_for_process,
+    parse_worker_index,
+    worker_index,
+)
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
 from voxwire_client import Client
@@ -60,3 +70,26 @@ async def test_idle_connection_is_closed_but_a_busy_one_is_not():
             with pytest.raises(websockets.ConnectionClosed) as e:
                 await asyncio.wait_for(ws.recv(), 10)
             assert e.value.rcvd.code == 1000 and "idle" in e.value.rcvd.reason
+
+
+@pytest.mark.parametrize("given,index", [("0", 0), ("7", 7), (" 1\n", 1), (None, None), ("", None),
+                                         ("3f2a9c1e", None), ("-1", None), ("+1", None), ("1.0", None), ("٣", None)])
+def test_a_worker_index_is_a_whole_number_from_0_or_none(given, index):
+    assert parse_worker_index(given) == index
+    assert worker_index({} if given is None else {WORKER_INDEX_ENV: given}) == index
+
+
+def test_shared_admission_needs_a_worker_index_or_falls_back_to_its_own(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "admission"
+    SharedAdmission.create(path, 2)
+    monkeypatch.setenv(SHARED_ADMISSION_ENV, str(path))
+    monkeypatch.setenv(WORKER_INDEX_ENV, "1")
+    shared = admission_for_process(Limits())
+    assert isinstance(shared, SharedAdmission) and shared.try_connect()
+    assert path.read_bytes()[SharedAdmission.SLOT.size:] == SharedAdmission.SLOT.pack(1, 0)  # worker 1's slot
+    monkeypatch.setenv(WORKER_INDEX_ENV, "3f2a9c1e")  # a Ray replica id, say: no slot of its own
+    with caplog.at_level(logging.WARNING, logger="voxwire.server.limits"):
+        own = admission_for_process(Limits())
+    assert type(own) is Admission and own.try_connect() and own.connections == 1
+    assert shared.connections == 1  # nothing counted in another worker's slot
+    assert "'3f2a9c1e', not a worker index" in caplog.text and "limits are its own" in caplog.text

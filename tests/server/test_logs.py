@@ -14,7 +14,15 @@ import orjson
 import pytest
 import websockets
 
-from voxwire.server.logs import JsonFormatter, RedactCredentials, TextFormatter, configure_logging, redact_text
+from voxwire.server.limits import WORKER_INDEX_ENV
+from voxwire.server.logs import (
+    JsonFormatter,
+    RedactCredentials,
+    TextFormatter,
+    configure_logging,
+    process_fields,
+    redact_text,
+)
 from tests.conftest import free_port
 from tests.server.test_faults import _wait_listening
 from voxwire_client.sync import synthesize_async
@@ -66,6 +74,23 @@ def test_formatters():
     }
     text = TextFormatter().format(record)
     assert "INFO" in text and "utterance done" in text and "ctx=a1" in text and not text.startswith("{")
+
+
+@pytest.mark.parametrize("given,worker", [("2", 2), (" 0 ", 0), (None, None), ("", None),
+                                          ("3f2a9c1e", None), ("-1", None), ("1.5", None)])
+def test_lines_carry_the_worker_index_when_it_is_one(monkeypatch, given, worker):
+    """A --workers process's index (or a Ray replica's) is an int on every line; anything
+    else (a Ray replica id, say) is left off the line, never a crash."""
+    if given is None:
+        monkeypatch.delenv(WORKER_INDEX_ENV, raising=False)
+    else:
+        monkeypatch.setenv(WORKER_INDEX_ENV, given)
+    record = logging.LogRecord("voxwire.x", logging.INFO, __file__, 1, "hello", (), None)
+    line = orjson.loads(JsonFormatter().format(record))
+    assert line.get("worker") == worker and isinstance(line.get("worker", 0), int)
+    assert process_fields() == {"pid": os.getpid(), **({"worker": worker} if worker is not None else {})}
+    text = TextFormatter().format(record)
+    assert (f"[{worker}] INFO" in text) if worker is not None else (" INFO " in text and "[" not in text)
 
 
 # Issue 29, case 4: no credential reaches a log line, whichever way it was sent, right or
@@ -298,3 +323,22 @@ def test_configure_logging_puts_the_filter_on_the_handler_every_logger_reaches(c
             lg.setLevel(level)
     err = capsys.readouterr().err
     assert GOOD_KEY not in err and "?token=[redacted] HTTP/1.1" in err
+
+
+def test_configure_logging_says_once_that_a_worker_index_is_not_one(monkeypatch, capsys):
+    monkeypatch.setenv(WORKER_INDEX_ENV, "replica-3f2a9c1e")
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    uvicorn_saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
+    try:
+        configure_logging("info", "json")
+        logging.getLogger("voxwire.x").info("after")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        for lg, (handlers, propagate) in zip(loggers, uvicorn_saved):
+            lg.handlers[:], lg.propagate = handlers, propagate
+    warning, after = [orjson.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert warning["level"] == "warning" and "'replica-3f2a9c1e'" in warning["msg"] and "worker" not in warning
+    assert after["msg"] == "after" and "worker" not in after

@@ -46,14 +46,14 @@ async def test_metrics_count_what_happened(piper_server):
 
 
 async def test_outcomes_by_error_code(tone_server):
-    from voxwire_client import Client
+    from voxwire_client import Client, ServerError
 
     before = scrape(tone_server)
     async with await Client.connect(tone_server.ws) as client:
-        try:
-            await (await client.speak("one explode three.")).collect()
-        except Exception:
-            pass
+        # The tone engine fails at "explode": the utterance ends with engine_error, and is counted so.
+        with pytest.raises(ServerError) as e:
+            await (await client.speak("one explode three.", ctx="boom")).collect()
+        assert (e.value.code, e.value.ctx) == ("engine_error", "boom")
     after = scrape(tone_server)
     key = "voxwire_utterances_total{code=engine_error,door=ws,outcome=failed}"
     assert after[key] == before.get(key, 0) + 1

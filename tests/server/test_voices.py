@@ -240,6 +240,7 @@ class FirstAudioSpy:
         u = await client.speak(ONE_SEGMENT, **settings)
         frames, done = await u.collect()
         assert frames and done["samples"] > 0 and len(self.opened) == opened + 1
+        self.frames = frames
         params, stream = self.opened[-1]
         return params.fast_start, self._first[stream], u.started["fast_start"]
 
@@ -294,11 +295,24 @@ async def test_a_voice_keeps_the_fast_start_it_was_registered_with(cosyvoice_ser
     assert engine(cosyvoice_server).stats.frontend_runs == runs  # refused before the frontend ran
 
 
-async def test_piper_ignores_fast_start(piper_server):
+async def test_piper_ignores_fast_start(piper_server, monkeypatch):
+    """fast_start is CosyVoice2's first-chunk schedule. Piper is handed it like any engine
+    (and ``started`` echoes it), but speaks the same whatever it says: its first audio comes
+    at the same engine step, and it is speech of the same length (Piper's noise varies it a
+    little)."""
+    spy = FirstAudioSpy(engine(piper_server), monkeypatch)
+    firsts, seconds = [], []
     async with await Client.connect(piper_server.ws) as client:
-        u = await client.speak("Hello there.", fast_start=True)
-        frames, done = await u.collect()
-        assert u.started["fast_start"] is True and frames and done["samples"] > 0
+        for fast_start in (None, True, False):
+            settings = {} if fast_start is None else {"fast_start": fast_start}
+            asked, first, started = await spy.speak(client, **settings)
+            assert asked is fast_start and started is fast_start
+            audio = np.concatenate([f.to_float32() for f in spy.frames])
+            assert np.sqrt(np.mean(audio**2)) > 0.01  # speech, not silence
+            firsts.append(first)
+            seconds.append(audio.size / spy.frames[0].sample_rate)
+    assert firsts == [firsts[0]] * 3, firsts
+    assert min(seconds) > 2.0 and max(seconds) < 1.25 * min(seconds), seconds  # ONE_SEGMENT: about 3 s
 
 
 async def test_piper_cannot_clone(piper_server):
