@@ -1,4 +1,6 @@
 # Two commands: `make serve` and `make test`. Both create .venv when it is missing.
+# Contributors' fast lane: `make check`, the same install as `make test` without the OS
+# packages, runs the tests not marked slow (no browser, nginx, Ray, soak or end-to-end bench).
 PYTHON ?= python3
 VENV   ?= .venv
 # HOST and PORT are passed to `voxwire serve` only when given (make serve PORT=9000), so
@@ -16,7 +18,7 @@ SERVE_STAMP := $(VENV)/.voxwire-serve-installed
 TEST_STAMP  := $(VENV)/.voxwire-test-installed
 SERVE_FLAGS := $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
-.PHONY: serve test install system-packages clean
+.PHONY: serve test check install system-packages clean
 
 # What the tests need from the OS, from Debian's packages (never a downloaded browser):
 # Chromium and Node for the JS client's tests, nginx for tests/deploy, the flac tool for
@@ -64,6 +66,10 @@ serve: $(SERVE_STAMP)
 
 test: system-packages $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# No system-packages: what is marked slow (pyproject.toml) is what needs Chromium or nginx.
+check: $(TEST_STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -283,7 +283,7 @@ def _engine_options(args: argparse.Namespace) -> list[str]:
 
 def wyoming_door() -> bool:
     """Whether this Voxwire serves Wyoming (``voxwire serve --wyoming-port``)."""
-    if importlib.util.find_spec("voxwire.server.wyoming") is None:
+    if importlib.util.find_spec("voxwire.server.doors.wyoming") is None:
         return False
     shown = subprocess.run([sys.executable, "-m", "voxwire", "serve", "--help"], capture_output=True, text=True,
                            timeout=60)

@@ -13,7 +13,7 @@ format hears every reply), all at the engine's 22.05 kHz but Opus, which is 48 k
 - encoding cost: in this process, in CPU time (``time.process_time``: what a busy machine
   does to wall clocks does not enter it). The engine (Piper, loaded here) speaks every
   reply, timed; its audio is cut into 200 ms engine steps and put through the server's
-  own FrameStream (resampler, framer, encoder) in every format, timed. Both per second
+  own Framer (resampler, framer, encoder) in every format, timed. Both per second
   of audio; the fraction is the encoder's over the engine's. The engine's CPU time sums
   all its threads, the encoder runs on one.
 
@@ -39,7 +39,7 @@ from voxwire.engine.audio_queue import Finished
 from voxwire.engine.base import SynthesisParams
 from voxwire.engine.registry import EngineOptions, engine_factory
 from voxwire.server.audio import stream_rate
-from voxwire.server.pipeline import FrameStream
+from voxwire.server.pipeline import Framer
 from voxwire.server.protocol import StreamSettings
 
 RATE = 22050
@@ -85,7 +85,7 @@ def encoding_ms_per_second(audio: list[np.ndarray], fmt: str, repeats: int) -> f
     for _ in range(repeats):
         start = time.process_time()
         for a in audio:
-            stream = FrameStream(RATE, settings)
+            stream = Framer(RATE, settings)
             for i in range(0, a.size, RATE // 5):
                 stream.receive(a[i : i + RATE // 5])
             stream.receive(Finished())
@@ -94,7 +94,7 @@ def encoding_ms_per_second(audio: list[np.ndarray], fmt: str, repeats: int) -> f
 
 
 def first_frame_ms(audio: list[np.ndarray], fmt: str, repeats: int) -> float:
-    """CPU milliseconds from opening an utterance's FrameStream to its first frame out,
+    """CPU milliseconds from opening an utterance's Framer to its first frame out,
     fed the engine's first 200 ms step: what the format adds to the time to first audio
     (the engine and the network are the same for every format). Median over the replies,
     best of ``repeats`` each."""
@@ -104,7 +104,7 @@ def first_frame_ms(audio: list[np.ndarray], fmt: str, repeats: int) -> float:
         best = float("inf")
         for _ in range(repeats):
             start = time.process_time()
-            FrameStream(RATE, settings).receive(a[: RATE // 5])
+            Framer(RATE, settings).receive(a[: RATE // 5])
             best = min(best, time.process_time() - start)
         times.append(best * 1000)
     return statistics.median(times)

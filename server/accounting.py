@@ -56,6 +56,6 @@ class Accounting:
         level = logging.INFO if outcome != "failed" else logging.WARNING
         UTTERANCES.log(level, "utterance %s", outcome, extra=fields)
 
-    def connection_refused(self, reason: str, close_code: int) -> None:
+    def connection_refused(self, door: str, reason: str, close_code: int) -> None:
         self.metrics.connections_refused.labels(reason).inc()
-        CONNECTIONS.info("connection refused: %s", reason, extra={"reason": reason, "close_code": close_code})
+        CONNECTIONS.info("connection refused: %s", reason, extra={"door": door, "reason": reason, "close_code": close_code})

@@ -14,6 +14,7 @@ from typing import Literal, get_args
 import numpy as np
 import soxr
 
+from voxwire.engine.errors import CodedError
 from voxwire.server.codecs import CODECS, CompressedEncoder
 
 Format = Literal["pcm_s16le", "pcm_f32le", "mulaw", "opus", "mp3", "aac", "flac"]
@@ -51,13 +52,8 @@ def encode(x: np.ndarray, fmt: str) -> bytes:
     raise ValueError(f"unknown format {fmt!r}")
 
 
-class FormatError(ValueError):
-    """A format and rate that cannot go together: a stable code and a message for people."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class FormatError(CodedError, ValueError):
+    """A format and rate that cannot go together."""
 
 
 def stream_rate(fmt: str, rate: int) -> int:
@@ -165,8 +161,9 @@ class Rechunker:
         return [frame]
 
 
-class OutputStream:
-    """Engine audio in, fixed-duration frames at the client's rate out."""
+class FrameCutter:
+    """Engine pieces in, chunks out: resampled to the client's rate and cut to the
+    stream's chunk duration."""
 
     def __init__(self, in_rate: int, out_rate: int, chunk_ms: int) -> None:
         self.in_rate = in_rate

@@ -46,6 +46,14 @@ def key_is_valid(config: AuthConfig, key: str | None) -> bool:
     return ok and key is not None
 
 
+def presents_valid_key(
+    config: AuthConfig, headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str] = (),
+) -> bool:
+    """Whether a request (or a WebSocket handshake) may pass: no key is required, or it
+    presents a valid one, wherever it put it."""
+    return key_is_valid(config, presented_key(headers, query, subprotocols))
+
+
 def origin_is_allowed(config: AuthConfig, origin: str | None) -> bool:
     if not config.allowed_origins or origin is None:
         return True

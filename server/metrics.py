@@ -19,7 +19,7 @@ import asyncio
 import os
 import resource
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -30,13 +30,12 @@ TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
-DOORS = ("ws", "http")
 OUTCOMES = ("done", "cancelled", "disconnected")
-"""Zero-initialised per door, so a rate() sees them from the first scrape; ``failed``
-and ``refused`` appear with their codes."""
+"""Zero-initialised for each door the server opens, so a rate() sees them from the first
+scrape; ``failed`` and ``refused`` appear with their codes."""
 STALL_REASONS = ("not_reading", "no_progress")
 """Why a listener was found stalled: its socket took nothing, or, reporting playback
-progress, it reported none (server/session.py)."""
+progress, it reported none (server/doors/websocket/session.py)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def multiprocess_dir() -> str | None:
 
 
 class Metrics:
-    def __init__(self, snapshot: Callable[[], Snapshot], worker: str = "0") -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], doors: Sequence[str], worker: str = "0") -> None:
         self._snapshot = snapshot
         self.worker = worker
         self.multiprocess = multiprocess_dir() is not None
@@ -73,17 +72,17 @@ class Metrics:
             "voxwire_utterances", "Utterances by door, outcome and error code (once each, however they end)",
             ["door", "outcome", "code"], registry=own,
         )
-        for door in DOORS:
+        for door in doors:
             for outcome in OUTCOMES:
                 self.utterances.labels(door, outcome, "")
         self.connections_refused = Counter(
-            "voxwire_connections_refused", "WebSocket connections refused before they could speak, by reason",
+            "voxwire_connections_refused", "Connections refused before they could speak, by reason (every door)",
             ["reason"], registry=own,
         )
         self.ttfa = Histogram(
             "voxwire_ttfa_seconds", "Server time to first audio, by door", ["door"], buckets=TTFA_BUCKETS, registry=own,
         )
-        for door in DOORS:
+        for door in doors:
             self.ttfa.labels(door)
         self.rtf = Histogram(
             "voxwire_rtf_ratio", "Engine compute time over audio duration, per computed utterance",
@@ -111,14 +110,14 @@ class Metrics:
             "reason (not_reading: the socket took nothing; no_progress: no playback progress reported)",
             ["door", "reason"], registry=own,
         )
-        for door in DOORS:
+        for door in doors:
             for reason in STALL_REASONS:
                 self.listeners_stalled.labels(door, reason)
         self.cache_hits = Counter("voxwire_cache_hits", "Utterances served from the result cache", registry=own)
         for family in (self.step_seconds, self.engine_steps, self.batch_size, self.busy_seconds, self.restarts):
             family.labels(worker)
         # Server-wide values that every process reports alike: the scrape takes the max.
-        self.connections = Gauge("voxwire_connections", "Open WebSocket connections", registry=own,
+        self.connections = Gauge("voxwire_connections", "Open connections (every door)", registry=own,
                                  multiprocess_mode="livemax")
         self.active_utterances = Gauge("voxwire_active_utterances", "Utterances admitted and not ended",
                                        registry=own, multiprocess_mode="livemax")

@@ -1,15 +1,16 @@
 """One utterance, from admission to its figures, whichever door it came through.
 
-Both doors (the WebSocket session and the OpenAI route) ask the same ``Pipeline`` to
-``open`` an utterance. It checks what only the engine can tell (the voice, timestamps),
-takes an admission slot, and either replays the result cache or submits to the worker.
-The door then reads ``Speech.events()`` (frames, word timings, flushed, done or failed)
-and sends them in its own shape, and finally calls ``Speech.end`` with the outcome:
-that gives the slot back, stops the worker's side, fills the cache and records the
-metrics and the log line, exactly once. A refusal is recorded the same way.
+Every door (server/doors/) asks the same ``Pipeline`` to ``open`` an utterance. It
+checks what only the engine can tell (the voice, timestamps), takes an admission slot,
+and either replays the result cache or submits to the worker. The door's utterance task
+(server/doors/base.py) reads ``Speech.events()`` (frames, word timings, flushed, done or
+failed), which the door sends in its own shape, and ends the speech with its outcome
+(``Speech.end``): that gives the slot back, stops the worker's side, fills the cache and
+records the metrics and the log line, exactly once. A refusal is recorded the same way.
 
-``FrameStream`` is the sans-I/O core: the worker's queue items in, the client's events
-out; it is tested with synthetic items, without sockets.
+``Framer`` is the sans-I/O core: the worker's queue items in, the client's events
+out; it is tested with synthetic items, without sockets. docs/glossary.md says what
+each word (utterance, stream, piece, chunk, frame) names.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import numpy as np
 
 from voxwire.engine.audio_queue import Failed, Finished, Flushed, Item
 from voxwire.engine.base import Engine, EngineError, SynthesisParams, WordTiming, WordTimings
+from voxwire.engine.errors import CodedError
 from voxwire.engine.text import normalize
 from voxwire.engine.worker import Utterance, Worker
 from voxwire.server.accounting import Accounting
-from voxwire.server.audio import FormatError, OutputStream, open_encoder, stream_rate
+from voxwire.server.audio import FormatError, FrameCutter, open_encoder, stream_rate
 from voxwire.server.cache import CacheKey, CachedAudio, Replay, ResultCache
 from voxwire.server.limits import Admission
 from voxwire.server.protocol import StreamSettings
@@ -35,13 +37,11 @@ from voxwire.server.protocol import StreamSettings
 RETRY_AFTER_MS = 1000  # a hint: one second is long next to an utterance's first step
 
 
-class Refused(Exception):
-    """A new utterance was not taken: a stable code and a message for people."""
+class Refused(CodedError):
+    """A new utterance (or connection) was not taken, with when to try again, if soon."""
 
     def __init__(self, code: str, message: str, retry_after_ms: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(code, message)
         self.retry_after_ms = retry_after_ms
 
 
@@ -109,18 +109,18 @@ class Figures:
 # -- the sans-I/O core ------------------------------------------------------------------
 
 
-class FrameStream:
+class Framer:
     """The worker's queue items in; frames, word timings and markers out.
 
-    It resamples and cuts the audio into the stream's frames (server/audio.py), encodes
-    them, moves word timings onto the stream's timeline, and keeps a copy of the engine's
-    audio and words for the result cache while it stays under ``capture_bytes``.
+    It resamples and cuts the pieces into chunks (server/audio.py), encodes each into a
+    frame, moves word timings onto the stream's timeline, and keeps a copy of the
+    engine's audio and words for the result cache while it stays under ``capture_bytes``.
     """
 
     def __init__(self, engine_rate: int, settings: StreamSettings, capture_bytes: int = 0) -> None:
         self.settings = settings
         self._engine_rate = engine_rate
-        self._out = OutputStream(engine_rate, settings.sample_rate, settings.chunk_ms)
+        self._out = FrameCutter(engine_rate, settings.sample_rate, settings.chunk_ms)
         self._encoder = open_encoder(settings.format, settings.sample_rate)
         self._words: deque[WordTiming] = deque()
         self.frames = 0
@@ -216,7 +216,7 @@ class UtteranceRequest:
     """What a door asks for: the first text, and how the audio is to be delivered."""
 
     door: str
-    """``ws`` or ``http``: which front door, for the metrics and the log."""
+    """The door's name (``ws``, ``http``, ``wyoming``), for the metrics and the log."""
     text: str
     final: bool
     settings: StreamSettings
@@ -247,7 +247,7 @@ class Speech:
         self._cached = cached
         self._text = [request.text]
         capture = pipeline.cache.max_entry_bytes if key is not None and cached is None else 0
-        self.stream = FrameStream(engine_rate, request.settings, capture)
+        self.framer = Framer(engine_rate, request.settings, capture)
         self._engine_rate = engine_rate
         self._steps_at_first_frame: int | None = None
         # Once the queue has given Finished, a flush can no longer go through it: the
@@ -292,7 +292,7 @@ class Speech:
         while True:
             item = await self._source.queue.get()
             self._finishing = isinstance(item, Finished)
-            for event in self.stream.receive(item):
+            for event in self.framer.receive(item):
                 if isinstance(event, AudioFrame) and self.first_frame_at is None:
                     self.first_frame_at = time.monotonic()
                     self._steps_at_first_frame = self._source.steps
@@ -308,20 +308,20 @@ class Speech:
 
     def figures(self) -> Figures:
         source = self._source
-        audio_s = self.stream.samples / self.settings.sample_rate
+        audio_s = self.framer.samples / self.settings.sample_rate
         ttfa = None if self.first_frame_at is None else round((self.first_frame_at - self.received_at) * 1000, 1)
         return Figures(
             ttfa_ms=ttfa,
             audio_ms=round(audio_s * 1000, 1),
             compute_ms=round(source.compute_seconds * 1000, 1),
             rtf=round(source.compute_seconds / audio_s, 4) if audio_s else None,
-            chunks=self.stream.frames,
-            samples=self.stream.samples,
+            chunks=self.framer.frames,
+            samples=self.framer.samples,
             segments=source.segments,
             engine_steps=source.steps,
             engine_steps_at_first_chunk=self._steps_at_first_frame,
             cached=self.cached,
-            bytes=self.stream.bytes,
+            bytes=self.framer.bytes,
         )
 
     def abort(self, code: str, message: str) -> None:
@@ -340,7 +340,7 @@ class Speech:
         if isinstance(self._source, Replay):
             return
         rate = self._engine_rate
-        played = min(samples, self.stream.samples) * rate // self.settings.sample_rate
+        played = min(samples, self.framer.samples) * rate // self.settings.sample_rate
         self._source.queue.pace(round(window_seconds * rate), played)
 
     @property
@@ -373,22 +373,22 @@ class Speech:
         self._pipeline.open_speeches.discard(self)
         if self._source.outcome is None:
             self._source.cancel()
-        self.stream.close()
+        self.framer.close()
         self._pipeline.admission.end_utterance()
         if outcome == "done" and self._key is not None and self._cached is None:
-            entry = self.stream.captured(self._source.segments)
+            entry = self.framer.captured(self._source.segments)
             if entry is not None:
                 # Streamed text is keyed by what it added up to, for one-shot repeats of it.
                 self._pipeline.cache.put(replace(self._key, text=normalize("".join(self._text))), entry)
         figures = self.figures() if outcome == "done" else None
         self._pipeline.accounting.utterance(
             self.request.door, outcome, code, self.request.ids, self.settings.voice, "".join(self._text),
-            figures.to_dict() if figures else {"samples": self.stream.samples, "chunks": self.stream.frames},
+            figures.to_dict() if figures else {"samples": self.framer.samples, "chunks": self.framer.frames},
         )
 
 
 class Pipeline:
-    """What both doors share: the worker, admission, the result cache and accounting."""
+    """What every door shares: the worker, admission, the result cache and accounting."""
 
     def __init__(
         self,

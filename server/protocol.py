@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 import orjson
 
+from voxwire.engine.errors import CodedError
 from voxwire.engine.text.segment import SegmenterLimits
 from voxwire.server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
 
@@ -23,11 +24,12 @@ MAX_FIRST_CLAUSE_WORDS = 40
 MAX_CTX_CHARS = 128
 
 
-class ProtocolError(Exception):
+class ProtocolError(CodedError):
+    """A client message refused, with the utterance (``ctx``) it concerns, if any, and
+    any further fields the error message carries (``retry_after_ms``)."""
+
     def __init__(self, code: str, message: str, ctx: str | None = None, **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(code, message)
         self.ctx = ctx
         self.extra = extra
         self.message_type: str | None = None

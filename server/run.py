@@ -2,7 +2,8 @@
 
 uvicorn's own shutdown closes every WebSocket at once (1012). A TTS server should
 rather stop taking work, let the utterances in flight finish up to a deadline, and only
-then close the sockets with 1001 (going away), so a deploy does not cut speech mid-word.
+then end every connection, whichever door it came through (a WebSocket closes with 1001,
+going away), so a deploy does not cut speech mid-word (``Service.drain``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from voxwire.server.service import Service
-from voxwire.server.sockets import SEND_BUFFER_BYTES, listening_socket  # noqa: F401  (re-exported: callers import them from here)
+from voxwire.server.sockets import listening_socket
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,14 @@
-"""What every connection shares: the supervised worker, the utterance pipeline (with
-admission, the result cache and accounting), the session defaults, and the open
-connections that a graceful shutdown drains."""
+"""What every door shares: the supervised worker, the utterance pipeline (with admission,
+the result cache and accounting), the session defaults, the gate with the open
+connections that a graceful shutdown drains, and the doors themselves, built from the
+list it is given (it names none)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 
 from voxwire.engine.base import EngineError
 from voxwire.engine.registry import engine_factory
@@ -17,16 +17,13 @@ from voxwire.engine.worker import Worker
 from voxwire.server.accounting import Accounting
 from voxwire.server.cache import ResultCache
 from voxwire.server.config import ServerConfig
-from voxwire.server.limits import WORKER_INDEX_ENV, Admission, admission_for_process
+from voxwire.server.doors.base import Door, Gate, Host
+from voxwire.server.limits import Admission, admission_for_process, worker_index
 from voxwire.server.metrics import Metrics, Snapshot
 from voxwire.server.pipeline import Pipeline
 from voxwire.server.protocol import StreamSettings
-from voxwire.server.wyoming import WyomingServer, bind
 
 log = logging.getLogger(__name__)
-
-Shutdown = Callable[[], Awaitable[None]]
-"""Ends one connection at the drain deadline: tells its client, then closes it (1001)."""
 
 
 class StartupError(Exception):
@@ -36,7 +33,8 @@ class StartupError(Exception):
 
 class Service:
     def __init__(
-        self, config: ServerConfig, make_worker: Callable[[], Worker] | None = None, admission: Admission | None = None
+        self, config: ServerConfig, doors: Sequence[type[Door]], make_worker: Callable[[], Worker] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.config = config
         self.admission = admission or admission_for_process(config.limits)
@@ -47,7 +45,7 @@ class Service:
             max_utterance_seconds=config.limits.max_utterance_seconds,
             memory_budget=None if budget is None else int(budget * 2**20),
         ))
-        self.metrics = Metrics(self.snapshot, worker=os.environ.get(WORKER_INDEX_ENV, "0"))
+        self.metrics = Metrics(self.snapshot, [door.name for door in doors], worker=str(worker_index() or 0))
         self.cache = ResultCache(int(config.cache_mb * 1024 * 1024))
 
         def make() -> Worker:
@@ -58,16 +56,23 @@ class Service:
         self.supervisor = Supervisor(make, step_timeout=config.step_timeout)
         self.supervisor.on_restart = self.metrics.restarts.labels(self.metrics.worker).inc
         key = config.log_digest_key.encode() if config.log_digest_key else None
-        self.pipeline = Pipeline(
-            lambda: self.supervisor.worker, self.admission, self.cache, Accounting(self.metrics, config.log_text, key),
-            lambda: self.draining,
-        )
+        accounting = Accounting(self.metrics, config.log_text, key)
+        self.gate = Gate(self.admission, accounting, self.ready)
+        self.pipeline = Pipeline(lambda: self.supervisor.worker, self.admission, self.cache, accounting,
+                                 lambda: self.gate.draining)
         self.defaults: StreamSettings | None = None
-        self.draining = False
-        self.connections: dict[object, Shutdown] = {}
         self._refresher: asyncio.Task[None] | None = None
-        self.wyoming: WyomingServer | None = None
-        """The Wyoming door's listener (--wyoming-port), bound by ``load``."""
+        host = Host(config, self.pipeline, self.gate, lambda: self.defaults)
+        self.doors: dict[str, Door] = {}
+        """The open doors by name; their listeners are bound by ``load``."""
+        for door in doors:
+            if door.name in self.doors:
+                raise ValueError(f"two doors are named {door.name!r}")
+            self.doors[door.name] = door(host)
+
+    @property
+    def draining(self) -> bool:
+        return self.gate.draining
 
     @property
     def worker(self) -> Worker:
@@ -110,11 +115,12 @@ class Service:
             self.supervisor.stop()
             known = ", ".join(v.id for v in voices) or "none yet"
             raise StartupError(f"--voice {voice!r} is not a voice of the {engine.name} engine (its voices: {known})")
-        try:
-            self.wyoming = bind(self)
-        except OSError as e:
-            self.supervisor.stop()
-            raise StartupError(f"cannot listen for Wyoming on port {self.config.wyoming_port}: {e.strerror}") from None
+        for door in self.doors.values():
+            try:
+                door.bind()
+            except OSError as e:
+                self.stop()
+                raise StartupError(e.strerror or f"the {door.name} door cannot listen: {e}") from None
         self.defaults = StreamSettings(
             voice=voice or "",  # "": the engine's default voice, as it is when a request comes
             format=self.config.default_format,
@@ -127,17 +133,17 @@ class Service:
     async def start(self) -> None:
         self.metrics.bind_loop(asyncio.get_running_loop())
         await asyncio.to_thread(self.load)
-        if self.wyoming is not None:
-            await self.wyoming.start()
+        for door in self.doors.values():
+            await door.start()
         if self.metrics.multiprocess:  # alone, a process refreshes its gauges at each scrape
             self._refresher = asyncio.create_task(self.metrics.refresh_every(), name="metrics-refresh")
 
     def stop(self) -> None:
-        self.draining = True
+        self.gate.draining = True
         if self._refresher is not None:
             self._refresher.cancel()
-        if self.wyoming is not None:
-            self.wyoming.close()
+        for door in self.doors.values():
+            door.close()
         self.supervisor.stop()
 
     def ready(self) -> bool:
@@ -147,7 +153,7 @@ class Service:
     async def drain(self, deadline_seconds: float) -> None:
         """Stop taking work, let in-flight utterances finish up to the deadline, then
         close every socket with 1001 (going away)."""
-        self.draining = True
+        self.gate.draining = True
         end = time.monotonic() + deadline_seconds
         # This process's own utterances: another worker's are its own to drain.
         while self.pipeline.open_speeches and time.monotonic() < end:
@@ -158,7 +164,7 @@ class Service:
         # is told why, and an HTTP body ends without its last chunk (docs/reliability.md).
         self.pipeline.abort_all("shutting_down", "the server is shutting down")
         await asyncio.sleep(0)
-        for shutdown in list(self.connections.values()):
+        for shutdown in list(self.gate.connections.values()):
             try:
                 await shutdown()
             except Exception:

@@ -7,7 +7,7 @@ import contextlib
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -25,8 +25,10 @@ from voxwire.engine.registry import EngineOptions
 from voxwire.engine.worker import Worker
 from voxwire.server.app import create_app
 from voxwire.server.config import ServerConfig
+from voxwire.server.doors import DOORS
+from voxwire.server.doors.base import Door
 from voxwire.server.limits import Limits
-from voxwire.server.run import listening_socket
+from voxwire.server.sockets import listening_socket
 from voxwire.server.service import Service
 
 
@@ -58,13 +60,15 @@ class RunningServer(Loopback):
 
 
 @contextlib.contextmanager
-def run_server(config: ServerConfig, engine: Callable[[], Engine] | None = None) -> Iterator[RunningServer]:
+def run_server(
+    config: ServerConfig, engine: Callable[[], Engine] | None = None, doors: Sequence[type[Door]] = DOORS,
+) -> Iterator[RunningServer]:
     """A real uvicorn server on 127.0.0.1, in a thread of the test process, so tests can
     read the worker's counters while talking to it over real sockets."""
     make_worker = (lambda: Worker(
         engine, max_queue_seconds=config.limits.max_queue_seconds, max_utterance_seconds=config.limits.max_utterance_seconds,
     )) if engine else None
-    app = create_app(config, make_worker)
+    app = create_app(config, make_worker, doors)
     # The socket the server makes for itself (server/run.py), with its capped send buffer.
     sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]

@@ -49,6 +49,21 @@ def layer_of(module: str, sources: dict[str, Path] = SOURCES) -> str:
     return max(within, key=len) if within else module.split(".")[0]
 
 
+DOORS = "voxwire.server.doors"
+"""The doors' package: the registry (its __init__) and the base may be imported by any
+server code; each other module or package in it is one door, which no other door and no
+shared server code may import."""
+
+
+def door_of(module: str) -> str | None:
+    """The door a module is part of (voxwire.server.doors.websocket.session: websocket),
+    None for the registry, the base and everything outside the doors."""
+    if not module.startswith(DOORS + "."):
+        return None
+    name = module[len(DOORS) + 1:].split(".")[0]
+    return None if name == "base" else name
+
+
 @dataclass(frozen=True)
 class Import:
     source: str  # the importing module, e.g. server.cli
@@ -116,6 +131,17 @@ def imports(root: Path, modules: dict[str, Path]) -> Iterator[Import]:
 def wrong_way(found: list[Import], forbidden: dict[str, set[str]] = FORBIDDEN) -> list[Import]:
     bad = [i for i in found if layer_of(i.target) in forbidden.get(layer_of(i.source), set())]
     return list(dict.fromkeys(bad))  # once each, in file order
+
+
+def door_crossings(found: list[Import]) -> list[Import]:
+    """Imports of a door from another door, or from shared server code (the registry,
+    which names every door, excepted)."""
+    bad = [
+        i for i in found
+        if (door := door_of(i.target)) is not None and i.source != DOORS and door_of(i.source) != door
+        and layer_of(i.source) == "voxwire.server"
+    ]
+    return list(dict.fromkeys(bad))
 
 
 def _known(target: str, modules: dict[str, Path]) -> str | None:
@@ -204,6 +230,13 @@ def test_no_import_runs_the_wrong_way():
     assert not bad, "imports against the layers:\n" + "\n".join(map(str, bad))
 
 
+def test_doors_import_no_other_door_and_shared_code_imports_none():
+    modules = module_files(ROOT)
+    assert {door_of(m) for m in modules} >= {"websocket", "openai", "wyoming"}
+    bad = door_crossings(list(imports(ROOT, modules)))
+    assert not bad, "imports across doors, or of a door by shared code:\n" + "\n".join(map(str, bad))
+
+
 def test_no_import_cycles():
     modules = module_files(ROOT)
     graph = graph_of(list(imports(ROOT, modules)), modules)
@@ -237,6 +270,13 @@ def test_the_walk_finds_hidden_imports_and_cycles(tmp_path):
         "server/b.py": "def g():\n    from . import a\n",  # a type-only, lazy cycle: a -> b -> a
         "clients/python/voxwire_client/__init__.py": "from voxwire_client.cli import main\n",
         "clients/python/voxwire_client/cli.py": "import voxwire.engine.base\n",
+        "server/doors/__init__.py": "from voxwire.server.doors import ws, tcp\n",  # the registry: allowed
+        "server/doors/base.py": "from voxwire.server.pipeline import Speech\n",
+        "server/doors/ws/__init__.py": "from voxwire.server.doors.ws.session import S\n",  # its own part
+        "server/doors/ws/session.py": "from voxwire.server.doors.base import Door\n",
+        "server/doors/tcp.py": "from voxwire.server.doors.ws import session\n",  # another door's
+        "server/pipeline.py": "",
+        "server/service.py": "from voxwire.server.doors.base import Door\nfrom voxwire.server.doors import tcp\n",
         "benchmarks/__init__.py": "",
         "voxwire/__init__.py": "",
     })  # fmt: skip
@@ -248,6 +288,10 @@ def test_the_walk_finds_hidden_imports_and_cycles(tmp_path):
         ("voxwire.engine.typed", "tests.fixtures"),
         ("voxwire.engine.dynamic", "voxwire.benchmarks.bench"),
         ("voxwire_client.cli", "voxwire.engine.base"),
+    }
+    assert {(i.source, i.target) for i in door_crossings(found)} == {
+        ("voxwire.server.doors.tcp", "voxwire.server.doors.ws.session"),
+        ("voxwire.server.service", "voxwire.server.doors.tcp"),
     }
     assert cycles(found, modules) == [
         ["voxwire.engine.base", "voxwire.engine.worker", "voxwire.engine.base"],

@@ -50,3 +50,29 @@ def test_make_test_installs_every_client_extra_with_the_server_in_one_resolution
         assert together, f"`make test` lacks the client's {extra} extra"
         assert all(re.search(r"-e '?\.\[", line) for line in together), together
 
+
+
+def dry_run(target: str, venv: Path) -> list[str]:
+    """Every command `make TARGET` would run on a machine with no .venv yet, with no PYTEST_ARGS."""
+    out = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={venv}", "PYTEST_ARGS="],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return out.splitlines()
+
+
+def pytest_runs(lines: list[str]) -> list[str]:
+    """What each pytest command is given, after `-m pytest`."""
+    return [line.split("-m pytest", 1)[1].strip() for line in lines if "-m pytest" in line]
+
+
+def test_make_check_runs_the_tests_not_marked_slow_with_the_test_install_and_no_os_packages(tmp_path: Path):
+    check, test = dry_run("check", tmp_path / "venv"), dry_run("test", tmp_path / "venv")
+    assert pytest_runs(check) == ['-m "not slow"'], check
+    # The same install as `make test`, but not its system-packages step (Chromium, nginx, apt-get).
+    assert planned_installs("check", tmp_path / "venv") == planned_installs("test", tmp_path / "venv")
+    assert any("apt-get" in line for line in test), "the check below would prove nothing"
+    assert not any("apt-get" in line or "chromium" in line for line in check), check
+
+
+def test_make_test_runs_every_test_with_no_marker_filter(tmp_path: Path):
+    runs = pytest_runs(dry_run("test", tmp_path / "venv"))
+    assert runs == [""], runs

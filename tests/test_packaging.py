@@ -8,6 +8,7 @@ or ``engine`` package is shadowed by ours, nor ours by theirs.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -40,10 +41,18 @@ def test_an_installed_voxwire_adds_only_its_own_name(tmp_path):
     """Built as a wheel and installed into a fresh environment (its dependencies lent by
     this one's site-packages): the distribution's files sit under one top-level name,
     ``import server`` fails, and ``python -m voxwire serve --help`` works."""
+    # Built from a copy: setuptools leaves build/ in the tree it builds, and a stale
+    # build/ there would put modules that no longer exist into the next wheel.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in setuptools_table()["package-dir"].values():
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-         str(ROOT)], capture_output=True, text=True, timeout=300,
+         str(source)], capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr
     (wheel,) = wheels.glob("voxwire-*.whl")

@@ -5,7 +5,7 @@ hears a sentence read one way right and read another way wrong, so two rows of t
 server run differ by a point of WER or so with nothing between them but chance. Here
 Voxwire's engine (torch, chunked, in this process) speaks each corpus sentence once, in
 200 ms pieces as the worker hands them on; the server's own output path
-(``server.pipeline.FrameStream``: resampler, framer, encoder) turns that one audio into
+(``server.pipeline.Framer``: resampler, framer, encoder) turns that one audio into
 every format and rate, the client's decoder turns it back, and Whisper and DNSMOS hear
 each. What differs between two rows is then the format's doing alone.
 
@@ -33,7 +33,7 @@ from voxwire.benchmarks.quality.score import heard_sample, score
 from voxwire.benchmarks.quality.targets import COMPRESSED_AGAINST
 from voxwire.engine.audio_queue import Finished
 from voxwire.server.audio import stream_rate
-from voxwire.server.pipeline import AudioFrame, FrameStream
+from voxwire.server.pipeline import AudioFrame, Framer
 from voxwire.server.protocol import StreamSettings
 
 STEP_MS = 200
@@ -51,7 +51,7 @@ def through(audio: np.ndarray, engine_rate: int, settings: dict[str, Any]) -> He
     """``audio`` as a socket stream with these settings would carry it, decoded."""
     fmt = settings.get("format", "pcm_s16le")
     rate = stream_rate(fmt, settings.get("sample_rate", engine_rate))
-    stream = FrameStream(engine_rate, StreamSettings(voice="v", format=fmt, sample_rate=rate, chunk_ms=200))
+    stream = Framer(engine_rate, StreamSettings(voice="v", format=fmt, sample_rate=rate, chunk_ms=200))
     step = engine_rate * STEP_MS // 1000
     events = [e for i in range(0, audio.size, step) for e in stream.receive(audio[i : i + step])]
     events += stream.receive(Finished())

@@ -1,4 +1,4 @@
-"""``POST /v1/audio/speech``, as OpenAI's API has it, streamed chunk by chunk.
+"""The second door: ``POST /v1/audio/speech``, as OpenAI's API has it, streamed chunk by chunk.
 
 For code that already calls ``client.audio.speech`` of the OpenAI SDK: point its
 ``base_url`` at Voxwire. Formats, as OpenAI names them: ``mp3`` (the default, as at
@@ -21,23 +21,26 @@ import time
 import secrets
 import struct
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from voxwire.engine.base import Engine, EngineError
+from voxwire.engine.errors import CodedError
+from voxwire.server import auth
 from voxwire.server.audio import content_type
 from voxwire.server.bodies import Body, TooLarge, declared_media_type
-from voxwire.server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, UtteranceRequest
+from voxwire.server.doors.base import Door, ListenerStalled, utterance_events
+from voxwire.server.pipeline import AudioFrame, FailedEvent, Refused
 from voxwire.server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
 
 log = logging.getLogger(__name__)
 
-DOOR = "http"
 RATE = 24000
 CHUNK_MS = 200
 MAX_INPUT_CHARS = 4096  # OpenAI's own limit
@@ -74,13 +77,11 @@ def openai_error(status: int, message: str, code: str, param: str | None = None)
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
-class Invalid(Exception):
-    """A request refused with 400, in OpenAI's error shape."""
+class Invalid(CodedError):
+    """A request refused with 400, in OpenAI's error shape: with the field (``param``) at fault."""
 
     def __init__(self, message: str, code: str, param: str | None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+        super().__init__(code, message)
         self.param = param
 
 
@@ -220,85 +221,100 @@ def wav_header(rate: int) -> bytes:
 _REFUSED_STATUS = {"overloaded": 429, "unknown_voice": 400, "no_voice": 400}
 
 
-async def speech(request: Request, pipeline: Pipeline, default_voice: str, stall_seconds: float) -> Response:
-    ids = {"request": secrets.token_hex(6)}
-    body = Body(request, MAX_BODY_BYTES)
-    # A form (curl -d), text or multipart body is not what an OpenAI client sends: say
-    # what to send rather than guess. Dropping a body this route would take keeps the
-    # connection; anything larger is not read, and the connection closes.
-    if (sent := declared_media_type(request)) != JSON:
-        pipeline.refused(DOOR, "unsupported_media_type", ids, "", "")
-        return await body.settle(unsupported_media_type(sent), MAX_BODY_BYTES)
-    try:
-        raw = await read_body(body)
-    except TooLarge:
-        pipeline.refused(DOOR, "request_too_large", ids, "", "")
-        return await body.settle(too_large(), 0)
-    if raw is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    try:
-        asked = parse_request(orjson.loads(raw))
-        voice = engine_voice(pipeline.engine(), asked.voice, default_voice)
-    except orjson.JSONDecodeError:
-        pipeline.refused(DOOR, "invalid_json", ids, "", "")
-        return openai_error(400, "the body must be a JSON object", "invalid_json")
-    except Invalid as e:
-        pipeline.refused(DOOR, e.code, ids, "", "")
-        return openai_error(400, e.message, e.code, e.param)
-    except EngineError as e:
-        pipeline.refused(DOOR, e.code, ids, "", "")
-        return openai_error(503, e.message, e.code)
-    stream_format, media_type = FORMATS[asked.fmt]
-    settings = StreamSettings(voice=voice, format=stream_format, sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed)
-    try:
-        speech = pipeline.open(UtteranceRequest(DOOR, asked.text, True, settings, ids))
-    except Refused as e:
-        status = _REFUSED_STATUS.get(e.code, 503)
-        return openai_error(status, e.message, e.code, "voice" if e.code in ("unknown_voice", "no_voice") else None)
+class OpenAIDoor(Door):
+    name = "http"
 
-    async def body() -> AsyncIterator[bytes]:
-        if asked.fmt == "wav":
-            yield wav_header(RATE)
-        async for event in speech.events():
-            if isinstance(event, AudioFrame):
-                if event.data:  # a codec may hold a whole chunk back (less than one frame)
-                    yield event.data
-            elif isinstance(event, Done):
-                speech.end("done")
-            elif isinstance(event, FailedEvent):
-                speech.end("failed", event.code)
-                # The status line is gone already: the body ends without its last chunk,
-                # which every HTTP client reports as an error; the log has the cause.
-                raise StreamFailed(f"{event.code}: {event.message}")
+    def routes(self) -> list[BaseRoute]:
+        return [Route("/v1/audio/speech", self.speech, methods=["POST"])]
 
-    def send_within() -> float:
-        # A reader that takes the body only as it plays it leaves the buffers full while it
-        # has audio in hand: it has stalled only once all it was sent could have played.
-        now = time.monotonic()
-        heard_by = speech.received_at if speech.first_frame_at is None else (
-            speech.first_frame_at + speech.stream.samples / RATE
+    async def speech(self, request: Request) -> Response:
+        if not auth.presents_valid_key(self.config.auth, request.headers, request.query_params):
+            return openai_error(401, "a valid API key is required", "unauthorized")
+        defaults = self.host.defaults()
+        if defaults is None:
+            return openai_error(503, "the engine is loading", "not_ready")
+        ids = {"request": secrets.token_hex(6)}
+        asked = await self._request(request, ids)
+        if isinstance(asked, Response):
+            return asked
+        stream_format, media_type = FORMATS[asked.fmt]
+        settings = StreamSettings(
+            voice=asked.voice, format=stream_format, sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed,
         )
-        return max(now, heard_by) + stall_seconds - now
+        try:
+            speech = self.open(asked.text, True, settings, ids)
+        except Refused as e:
+            status = _REFUSED_STATUS.get(e.code, 503)
+            return openai_error(status, e.message, e.code, "voice" if e.code in ("unknown_voice", "no_voice") else None)
 
-    def stalled() -> None:
-        speech.end_stalled("not_reading")
-        log.info("the client took none of its audio for %g s; the response is cut", stall_seconds, extra=ids)
+        async def body() -> AsyncIterator[bytes]:
+            if asked.fmt == "wav":
+                yield wav_header(RATE)
+            async for event in utterance_events(speech):
+                if isinstance(event, AudioFrame):
+                    if event.data:  # a codec may hold a whole chunk back (less than one frame)
+                        yield event.data
+                elif isinstance(event, FailedEvent):
+                    # The status line is gone already: the body ends without its last chunk,
+                    # which every HTTP client reports as an error; the log has the cause.
+                    raise StreamFailed(f"{event.code}: {event.message}")
 
-    headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}
-    # However the response ends before done (the client went away, the server stops),
-    # the utterance ends as disconnected: end() counts only its first call.
-    return _Stream(
-        body(), media_type=media_type, headers=headers, on_close=lambda: speech.end("disconnected"),
-        send_within=send_within, on_stall=stalled,
-    )
+        stall_seconds = self.limits.stall_timeout_seconds
+
+        def send_within() -> float:
+            # A reader that takes the body only as it plays it leaves the buffers full while
+            # it has audio in hand: it has stalled only once all it was sent could have played.
+            now = time.monotonic()
+            heard_by = speech.received_at if speech.first_frame_at is None else (
+                speech.first_frame_at + speech.framer.samples / RATE
+            )
+            return max(now, heard_by) + stall_seconds - now
+
+        def stalled() -> None:
+            speech.end_stalled("not_reading")
+            log.info("the client took none of its audio for %g s; the response is cut", stall_seconds, extra=ids)
+
+        headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}
+        # However the response ends before done (the client went away, the server stops),
+        # the utterance ends as disconnected: end() counts only its first call.
+        return _Stream(
+            body(), media_type=media_type, headers=headers, on_close=lambda: speech.end("disconnected"),
+            send_within=send_within, on_stall=stalled,
+        )
+
+    async def _request(self, request: Request, ids: dict[str, str]) -> OpenAIRequest | Response:
+        """The request read and checked, its voice named for the engine; or the response
+        that refuses it (recorded)."""
+        body = Body(request, MAX_BODY_BYTES)
+        # A form (curl -d), text or multipart body is not what an OpenAI client sends: say
+        # what to send rather than guess. Dropping a body this route would take keeps the
+        # connection; anything larger is not read, and the connection closes.
+        if (sent := declared_media_type(request)) != JSON:
+            self.refused("unsupported_media_type", ids)
+            return await body.settle(unsupported_media_type(sent), MAX_BODY_BYTES)
+        try:
+            raw = await read_body(body)
+        except TooLarge:
+            self.refused("request_too_large", ids)
+            return await body.settle(too_large(), 0)
+        if raw is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        try:
+            asked = parse_request(orjson.loads(raw))
+            return replace(asked, voice=engine_voice(self.pipeline.engine(), asked.voice, self.defaults().voice))
+        except orjson.JSONDecodeError:
+            self.refused("invalid_json", ids)
+            return openai_error(400, "the body must be a JSON object", "invalid_json")
+        except Invalid as e:
+            self.refused(e.code, ids)
+            return openai_error(400, e.message, e.code, e.param)
+        except EngineError as e:
+            self.refused(e.code, ids)
+            return openai_error(503, e.message, e.code)
 
 
 class StreamFailed(Exception):
     """An utterance failed after its body began; raised to abort the response."""
-
-
-class ListenerStalled(Exception):
-    """The client took none of the body for the stall timeout; raised to abort the response."""
 
 
 class _Stream(StreamingResponse):

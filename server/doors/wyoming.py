@@ -16,9 +16,9 @@ has finished writing, not gone: what it asked for is still spoken to it, then th
 connection closes. A client that has gone is found by a write failing.
 
 Every utterance goes through the one pipeline (server/pipeline.py), so admission, the
-result cache, the metrics and the log line are the other doors'. ``WyomingDoor`` is the
-event handling without sockets (events in, events sent through a coroutine it is given);
-``WyomingHandler`` and ``WyomingServer`` are the TCP around it.
+result cache, the metrics and the log line are the other doors'. ``WyomingSession`` is
+the event handling without sockets (events in, events sent through a coroutine it is
+given); ``WyomingDoor`` is the TCP listener around it, bound when the service loads.
 deploy/home-assistant.md says how to point Home Assistant at it; Wyoming has no
 authentication (see ``wyoming_host``).
 """
@@ -26,7 +26,6 @@ authentication (see ``wyoming_host``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import secrets
@@ -35,7 +34,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from importlib import metadata
-from typing import Protocol
 
 import orjson
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -43,55 +41,30 @@ from wyoming.error import Error
 from wyoming.event import Event, async_write_event
 from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.ping import Ping, Pong
-from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from voxwire.engine.base import Engine, EngineError
-from voxwire.server.config import ServerConfig
-from voxwire.server.limits import Admission, Limits, TokenBucket
-from voxwire.server.pipeline import AudioFrame, Done, FailedEvent, Pipeline, Refused, Speech, UtteranceRequest
+from voxwire.engine.errors import CodedError
+from voxwire.server.doors.base import Conversation, Door, Host, ListenerStalled
+from voxwire.server.net import is_loopback
+from voxwire.server.pipeline import AudioFrame, Done, Event as SpeechEvent, FailedEvent, Refused, Speech
 from voxwire.server.protocol import StreamSettings
 from voxwire.server.sockets import GOODBYE_SECONDS, listening_socket
 
 log = logging.getLogger(__name__)
 
-DOOR = "wyoming"
 WIDTH = 2  # bytes per sample: 16-bit PCM, the format every Wyoming client plays
 CHANNELS = 1
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 Send = Callable[[Event], Awaitable[None]]
-
-
-class Service(Protocol):
-    """What the door uses of server/service.py's Service (named here, not imported:
-    the service is what starts this door)."""
-
-    config: ServerConfig
-    pipeline: Pipeline
-    admission: Admission
-    defaults: StreamSettings | None
-    draining: bool
-    connections: dict[object, Callable[[], Awaitable[None]]]
-
-    def ready(self) -> bool: ...
 
 
 class BadField(ValueError):
     """An event whose fields have the wrong shape: answered, and the connection goes on."""
 
 
-class Stalled(ConnectionError):
-    """The client has read nothing for the stall timeout while audio waited to be sent."""
-
-
-class BadEvent(Exception):
+class BadEvent(CodedError):
     """Input that cannot be read as a Wyoming event: the connection cannot go on."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 # -- reading events, with bounds -----------------------------------------------------------
@@ -185,7 +158,13 @@ def error(code: str, message: str) -> Event:
 # -- one connection, without the socket ----------------------------------------------------------
 
 
-class WyomingDoor:
+END_OF_INPUT = None
+"""What the reader gives once the client has finished writing."""
+
+Received = Event | BadEvent | None
+
+
+class WyomingSession(Conversation[Received]):
     """One Wyoming connection's events: answered, and turned into pipeline utterances.
 
     One utterance at a time, as Wyoming clients ask for them. ``handle`` returns False
@@ -194,34 +173,39 @@ class WyomingDoor:
     an ``audio-stop`` that never comes; a closed connection it does understand).
     """
 
-    def __init__(self, pipeline: Pipeline, defaults: StreamSettings, limits: Limits, send: Send) -> None:
-        self.pipeline = pipeline
-        self.limits = limits
+    def __init__(self, door: Door, defaults: StreamSettings, send: Send) -> None:
+        super().__init__()
+        self.door = door
+        self.pipeline = door.pipeline
+        self.limits = door.limits
         # Wyoming audio is 16-bit mono; rate and chunk duration are the server's defaults
         # (the engine's own rate unless the operator set --sample-rate).
         self.settings = replace(defaults, format="pcm_s16le", timestamps=False)
         self._send = send
         self._send_lock = asyncio.Lock()
         self.id = secrets.token_hex(6)
-        self._bucket = TokenBucket(limits.messages_per_second, limits.message_burst)
+        self._budget = door.budget()
         self._count = 0
-        self._session_chars = 0
         self.speech: Speech | None = None
         self._task: asyncio.Task[None] | None = None
         self._streaming = False
         """Between synthesize-start and synthesize-stop."""
         self.last_active_at = time.monotonic()
-        self.closing = asyncio.Event()
-        """Set when the connection should close: a request failed, or the client is gone."""
         self.stalled = False
-        """A send waited the idle timeout: the client reads nothing, and cannot be told."""
+        """A send waited the stall timeout: the client reads nothing, and cannot be told."""
 
     # -- events --------------------------------------------------------------------------------
 
-    async def handle(self, event: Event) -> bool:
-        """Act on one event; False: close the connection."""
+    async def handle(self, event: Received) -> bool:
+        """Act on one event (or the reader's end, or what it could not read); False:
+        close the connection."""
+        if isinstance(event, BadEvent):
+            await self.send(error(event.code, event.message))
+            return False
+        if event is END_OF_INPUT:
+            return await self._end_of_input()
         self.last_active_at = time.monotonic()
-        if not self._bucket.take():
+        if not self._budget.take_message():
             await self.send(error(
                 "rate_limited", f"more than {self.limits.messages_per_second:g} events per second; this one was dropped",
             ))
@@ -285,33 +269,26 @@ class WyomingDoor:
         try:
             refusal = self._refusal(text, text_format)
             if refusal is not None:
-                self.pipeline.refused(DOOR, refusal.code, ids, settings.voice, text)
+                self.door.refused(refusal.code, ids, settings.voice, text)
                 raise refusal
-            speech = self.pipeline.open(UtteranceRequest(DOOR, text, final, settings, ids))
+            speech = self.door.open(text, final, settings, ids)
         except Refused as e:
             await self.send(error(e.code, e.message))
             return False
-        self._session_chars += len(text)
+        self._budget.spend(text)
         self.speech = speech
         await self.send(AudioStart(rate=speech.settings.sample_rate, width=WIDTH, channels=CHANNELS, timestamp=0).event())
-        self._task = asyncio.create_task(self._stream(speech, streamed=not final), name=f"wyoming-{self.id}")
+        self._task = self.door.speak(
+            speech, lambda event: self._deliver(speech, event, streamed=not final), f"wyoming-{self.id}",
+            on_gone=self.closing.set, on_end=lambda: self._ended(speech),
+        )
         return True
 
     def _refusal(self, text: str, text_format: object) -> Refused | None:
         """This door's own limits on a new utterance's text."""
         if text_format not in (None, "text"):
             return Refused("unsupported_text_format", "this server speaks plain text; SSML is not supported")
-        return self._text_refusal(text, 0)
-
-    def _text_refusal(self, text: str, so_far: int) -> Refused | None:
-        if so_far + len(text) > self.limits.max_text_chars:
-            return Refused("text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance")
-        if self._session_chars + len(text) > self.limits.max_session_chars:
-            return Refused(
-                "session_text_limit",
-                f"a connection may send at most {self.limits.max_session_chars} characters; open a new one",
-            )
-        return None
+        return self._budget.refusal(text)
 
     async def _feed(self, text: str, final: bool) -> bool:
         speech = self.speech
@@ -319,64 +296,53 @@ class WyomingDoor:
             kind = "synthesize-stop" if final else "synthesize-chunk"
             await self.send(error("no_stream", f"{kind} comes between synthesize-start and synthesize-stop"))
             return True
-        refusal = self._text_refusal(text, speech.text_chars)
+        refusal = self._budget.refusal(text, speech.text_chars)
         if refusal is not None:
             speech.end("failed", refusal.code)
             await self.send(error(refusal.code, refusal.message))
             return False
-        self._session_chars += len(text)
+        self._budget.spend(text)
         speech.feed(text, final)
         if final:
             self._streaming = False
         return True
 
-    async def end_of_input(self) -> asyncio.Task[None] | None:
-        """The client has finished writing (EOF on read): the utterance in flight, to be
-        finished and sent before the connection closes; None when there is none.
+    async def _end_of_input(self) -> bool:
+        """The client has finished writing (EOF on read: a half-close, not a client gone,
+        which a reset or a failed write shows): the utterance in flight is finished and
+        sent, then the connection closes.
 
         A stream that never got synthesize-stop ends with the text that arrived, answered
         as if synthesize-stop had come (audio-stop, synthesize-stopped): the client can send
         nothing more, and it asked for that text to be spoken."""
-        if self.speech is None:
-            return None
-        if self._streaming:
-            await self._feed("", final=True)
-        return self._task
+        if self.speech is not None:
+            if self._streaming:
+                await self._feed("", final=True)
+            if self._task is not None:
+                await asyncio.wait({self._task})
+        return False
 
     # -- one utterance ---------------------------------------------------------------------------
 
-    async def _stream(self, speech: Speech, streamed: bool) -> None:
+    async def _deliver(self, speech: Speech, event: SpeechEvent, streamed: bool) -> None:
         rate = speech.settings.sample_rate
-        try:
-            async for event in speech.events():
-                if isinstance(event, AudioFrame):
-                    await self.send(AudioChunk(
-                        rate=rate, width=WIDTH, channels=CHANNELS, audio=event.data,
-                        timestamp=event.offset * 1000 // rate,
-                    ).event())
-                elif isinstance(event, Done):
-                    speech.end("done")
-                    await self.send(AudioStop(timestamp=speech.stream.samples * 1000 // rate).event())
-                    if streamed:
-                        await self.send(SynthesizeStopped().event())
-                elif isinstance(event, FailedEvent):
-                    speech.end("failed", event.code)
-                    await self.send(error(event.code, event.message))
-                    self.closing.set()
-        except asyncio.CancelledError:
-            raise
-        except Stalled:
-            speech.end_stalled("not_reading")
-        except Exception:
-            # A send that fails means the client is gone; its utterance stops here.
-            log.debug("wyoming utterance stopped: connection closed", exc_info=True)
-            speech.end("disconnected")
+        if isinstance(event, AudioFrame):
+            await self.send(AudioChunk(
+                rate=rate, width=WIDTH, channels=CHANNELS, audio=event.data, timestamp=event.offset * 1000 // rate,
+            ).event())
+        elif isinstance(event, Done):
+            await self.send(AudioStop(timestamp=speech.framer.samples * 1000 // rate).event())
+            if streamed:
+                await self.send(SynthesizeStopped().event())
+        elif isinstance(event, FailedEvent):
+            await self.send(error(event.code, event.message))
             self.closing.set()
-        finally:
-            if self.speech is speech:
-                self.speech = None
-                self._streaming = False
-                self.last_active_at = time.monotonic()
+
+    def _ended(self, speech: Speech) -> None:
+        if self.speech is speech:
+            self.speech = None
+            self._streaming = False
+            self.last_active_at = time.monotonic()
 
     # -- idleness and the end ------------------------------------------------------------------------
 
@@ -388,7 +354,7 @@ class WyomingDoor:
             return math.inf
         return self.last_active_at + self.limits.idle_timeout_seconds - now
 
-    async def end_idle(self) -> None:
+    async def idle(self) -> None:
         idle = self.limits.idle_timeout_seconds
         if self.speech is not None:
             await self._stop("failed", "idle_timeout")
@@ -413,14 +379,14 @@ class WyomingDoor:
         self._streaming = False
 
     async def send(self, event: Event) -> None:
-        """Send one event; raises ``Stalled`` when the client has read nothing for the stall
-        timeout. Every send is bounded: a client that stops reading (half-closed or not)
-        would otherwise hold its connection and utterance slot for ever. The worker has
-        stopped computing for it long before (its queue is full: backpressure)."""
+        """Send one event; raises ``ListenerStalled`` when the client has read nothing for
+        the stall timeout. Every send is bounded: a client that stops reading (half-closed
+        or not) would otherwise hold its connection and utterance slot for ever. The worker
+        has stopped computing for it long before (its queue is full: backpressure)."""
         # The utterance task and the event handling share the connection.
         async with self._send_lock:
             if self.stalled:
-                raise Stalled("the client stopped reading")
+                raise ListenerStalled("the client stopped reading")
             stall = self.limits.stall_timeout_seconds
             try:
                 async with asyncio.timeout(stall) as bound:
@@ -431,7 +397,7 @@ class WyomingDoor:
                 log.info("wyoming connection %s: the client read nothing for %g s; dropping it", self.id, stall)
                 self.stalled = True
                 self.closing.set()
-                raise Stalled("the client stopped reading") from None
+                raise ListenerStalled("the client stopped reading") from None
 
 
 def _text(value: object) -> str:
@@ -470,182 +436,121 @@ def _kind(value: object) -> str:
 # -- TCP -----------------------------------------------------------------------------------------
 
 
-class WyomingHandler(AsyncEventHandler):
-    """One TCP connection: reads bounded events, hands them to a ``WyomingDoor``, and
-    closes on idleness, bad input or a failed request."""
-
-    def __init__(self, service: Service, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        super().__init__(reader, writer)
-        self.service = service
-        self.door: WyomingDoor | None = None
-
-    async def handle_event(self, event: Event) -> bool:
-        assert self.door is not None
-        return await self.door.handle(event)
-
-    async def run(self) -> None:
-        service = self.service
-        refusal = self._refusal()
-        if refusal is not None:
-            reason, message = refusal
-            service.pipeline.accounting.connection_refused(reason, 0)
-            await self._say_and_close(error(reason, message))
-            return
-        assert service.defaults is not None
-        door = self.door = WyomingDoor(service.pipeline, service.defaults, service.config.limits, self.write_event)
-
-        async def shutdown() -> None:
-            await door.close("failed", "shutting_down")
-            await self._say_and_close(error("shutting_down", "the server is shutting down"))
-
-        service.connections[self] = shutdown
-        try:
-            await self._serve(door)
-        except (ConnectionError, OSError):
-            pass  # the client went away, or stopped reading (Stalled)
-        finally:
-            service.connections.pop(self, None)
-            await door.close()
-            service.admission.disconnect()
-            if door.stalled:
-                # A graceful close would wait for the client to read what is buffered.
-                self.writer.transport.abort()
-            else:
-                self.writer.close()
-
-    async def _serve(self, door: WyomingDoor) -> None:
-        max_bytes = self.service.config.limits.max_message_bytes
-        closing = asyncio.ensure_future(door.closing.wait())
-        receive: asyncio.Future[Event | None] | None = None
-        finishing: asyncio.Task[None] | None = None
-        """After EOF on read: the utterance still being spoken, waited for instead of events."""
-        try:
-            while not door.closing.is_set():
-                idle_in = door.idle_in(time.monotonic())
-                if idle_in <= 0:
-                    await door.end_idle()
-                    return
-                if finishing is None:
-                    # One read outlives the idle checks: cancelling it could lose half an event.
-                    receive = receive or asyncio.ensure_future(read_event(self.reader, max_bytes))
-                waiting = finishing or receive
-                assert waiting is not None
-                await asyncio.wait({waiting, closing}, timeout=min(idle_in, 1.0), return_when=asyncio.FIRST_COMPLETED)
-                if not waiting.done():
-                    continue
-                if finishing is not None:
-                    return  # spoken (or ended); the client sends nothing more
-                assert receive is not None
-                try:
-                    event = receive.result()
-                except BadEvent as e:
-                    await door.send(error(e.code, e.message))
-                    return
-                receive = None
-                if event is None:
-                    # EOF is a client that has finished writing (a half-close), not one that
-                    # has gone: a reset raises from the read instead, and a client gone
-                    # without one is found when a write fails.
-                    finishing = await door.end_of_input()
-                    if finishing is None:
-                        return
-                elif not await self.handle_event(event):
-                    return
-        finally:
-            closing.cancel()
-            if receive is not None:
-                receive.cancel()
-
-    def _refusal(self) -> tuple[str, str] | None:
-        service = self.service
-        if service.draining:
-            return "shutting_down", "the server is shutting down"
-        if not service.ready():
-            return "not_ready", "the server is not ready; try again shortly"
-        if not service.admission.try_connect():
-            return "at_capacity", "the server is at capacity; try again in a second"
-        return None
-
-    async def _say_and_close(self, event: Event) -> None:
-        try:
-            # A farewell to a client that reads nothing must not hold a shutdown.
-            async with asyncio.timeout(GOODBYE_SECONDS):
-                await self.write_event(event)
-        except TimeoutError:
-            self.writer.transport.abort()
-        except (ConnectionError, OSError):
-            pass
-        self.writer.close()
-
-    async def write_event(self, event: Event) -> None:
-        await async_write_event(event, self.writer)
-
-
-class WyomingServer(AsyncServer):
+class WyomingDoor(Door):
     """The Wyoming TCP listener beside the HTTP one, in the same process and loop.
 
     The socket is bound when the service loads (so a port in use ends startup with one
     line), and served once the loop runs. With ``--workers``, every worker binds the same
     port with SO_REUSEPORT, as the HTTP port is, and the kernel spreads connections.
+    Off (nothing bound) unless ``wyoming_port`` is set.
     """
 
-    def __init__(self, service: Service, sock: socket.socket) -> None:
-        super().__init__()
-        self.service = service
-        self.sock = sock
+    name = "wyoming"
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self.sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
+        assert self.sock is not None, "the Wyoming door is not bound"
         return int(self.sock.getsockname()[1])
 
-    async def run(self, handler_factory: Callable[..., AsyncEventHandler] | None = None) -> None:
-        await self.start()
-        assert self._server is not None
-        await self._server.serve_forever()
+    def bind(self) -> None:
+        config = self.config
+        if config.wyoming_port is None:
+            return
+        host = wyoming_host(config.host, config.auth.required, config.wyoming_allow_unauthenticated)
+        try:
+            sock = listening_socket(
+                host, config.wyoming_port, reuse_port=config.workers > 1,
+                stall_timeout_seconds=self.limits.stall_timeout_seconds,
+            )
+        except OSError as e:
+            raise OSError(e.errno, f"cannot listen for Wyoming on port {config.wyoming_port}: {e.strerror}") from None
+        sock.listen(self.limits.max_connections)
+        sock.setblocking(False)
+        log.info("Wyoming protocol on %s:%d", host, sock.getsockname()[1])
+        self.sock = sock
 
-    async def start(self, handler_factory: Callable[..., AsyncEventHandler] | None = None) -> None:
-        factory = handler_factory or (lambda reader, writer: WyomingHandler(self.service, reader, writer))
-        self._server = await asyncio.start_server(
-            functools.partial(self._handler_callback, factory),
-            sock=self.sock, limit=self.service.config.limits.max_message_bytes,
-        )
+    async def start(self) -> None:
+        if self.sock is not None:
+            # The reader's limit bounds an event's header line (``read_event``).
+            self._server = await asyncio.start_server(self._serve, sock=self.sock, limit=self.limits.max_message_bytes)
 
     def close(self) -> None:
         """Stop listening and end every connection's reading (their utterances end with it)."""
         if self._server is not None:
             self._server.close()
-        else:
+        elif self.sock is not None:
             self.sock.close()
-        for task in list(self._handlers):
+        for task in list(self._connections):
             task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One TCP connection: bounded events read into a ``WyomingSession``, closed on
+        idleness, bad input or a failed request."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._converse(reader, writer)
+        finally:
+            self._connections.discard(task)
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        refusal = self.admit()
+        if refusal is not None:
+            await _say_and_close(writer, error(refusal.code, refusal.message))
+            return
+        session = WyomingSession(self, self.defaults(), lambda event: async_write_event(event, writer))
+
+        async def shutdown() -> None:
+            await session.close("failed", "shutting_down")
+            await _say_and_close(writer, error("shutting_down", "the server is shutting down"))
+
+        async def receive() -> Received:
+            try:
+                return await read_event(reader, self.limits.max_message_bytes)
+            except BadEvent as e:
+                return e
+
+        async with self.connection(session, shutdown):
+            try:
+                await self.converse(session, receive)
+            except (ConnectionError, OSError):
+                pass  # the client went away, or stopped reading (ListenerStalled)
+            finally:
+                await session.close()
+                if session.stalled:
+                    # A graceful close would wait for the client to read what is buffered.
+                    writer.transport.abort()
+                else:
+                    writer.close()
+
+
+async def _say_and_close(writer: asyncio.StreamWriter, event: Event) -> None:
+    try:
+        # A farewell to a client that reads nothing must not hold a shutdown.
+        async with asyncio.timeout(GOODBYE_SECONDS):
+            await async_write_event(event, writer)
+    except TimeoutError:
+        writer.transport.abort()
+    except (ConnectionError, OSError):
+        pass
+    writer.close()
 
 
 def wyoming_host(host: str, api_keys_set: bool, allow_unauthenticated: bool) -> str:
     """Where the Wyoming port listens. Wyoming has no authentication: with API keys set,
     anyone reaching it would bypass them, so it stays on loopback unless the operator
     allows it explicitly."""
-    if api_keys_set and not allow_unauthenticated and host not in LOOPBACK:
+    if api_keys_set and not allow_unauthenticated and not is_loopback(host):
         log.warning(
             "API keys are set and Wyoming has no authentication: the Wyoming port listens on 127.0.0.1 only "
             "(--wyoming-allow-unauthenticated to listen on %s)", host,
         )
         return "127.0.0.1"
     return host
-
-
-def bind(service: Service) -> WyomingServer | None:
-    """The Wyoming listener of ``service``'s config, bound; None when it is off.
-    Raises OSError when the port cannot be bound."""
-    config = service.config
-    if config.wyoming_port is None:
-        return None
-    host = wyoming_host(config.host, config.auth.required, config.wyoming_allow_unauthenticated)
-    sock = listening_socket(
-        host, config.wyoming_port, reuse_port=config.workers > 1, stall_timeout_seconds=config.limits.stall_timeout_seconds
-    )
-    sock.listen(config.limits.max_connections)
-    sock.setblocking(False)
-    log.info("Wyoming protocol on %s:%d", host, sock.getsockname()[1])
-    return WyomingServer(service, sock)
-

@@ -16,6 +16,8 @@ from voxwire.benchmarks import tables
 from voxwire.benchmarks.agents import LIVEKIT, PIPECAT, main
 from tests.fixtures.processes import children
 
+pytestmark = pytest.mark.slow  # runs a benchmark end to end (Pipecat, LiveKit, Piper's HTTP server)
+
 
 # The run itself takes under a minute; the bound allows for a slow start of both servers.
 @pytest.mark.timeout(240)

@@ -19,6 +19,8 @@ from voxwire.server.config import ServerConfig
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
 
+pytestmark = pytest.mark.slow  # runs voxwire bench end to end
+
 
 def ordered(s: dict) -> bool:
     return s["p50"] <= s["p95"] <= s["p99"]

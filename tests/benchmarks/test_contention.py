@@ -21,6 +21,7 @@ def test_every_sentence_is_fresh_and_as_long_as_asked():
     assert all(t[0].isupper() and t.endswith(".") for t in texts)
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 @pytest.mark.timeout(600)
 def test_a_tiny_run_measures_both_servers_quiet_and_beside_neighbours(tmp_path):
     before = children()

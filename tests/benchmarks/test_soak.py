@@ -1,6 +1,10 @@
 """The soak's short form: 32 clients for a bounded time, then a leak check."""
 
+import pytest
+
 from voxwire.benchmarks.soak import run
+
+pytestmark = pytest.mark.slow  # a soak
 
 
 def test_short_soak_leaks_nothing_and_loses_nothing():

@@ -38,6 +38,8 @@ from tests.server.test_stream import SENTENCE, SEVERAL, assert_speech
 from voxwire_client import Audio, Client
 from voxwire_client.sync import synthesize_async
 
+pytestmark = pytest.mark.slow  # runs a real nginx
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE_CONF = ROOT / "deploy" / "nginx.conf"
 JS_DIR = ROOT / "clients" / "js"
@@ -315,7 +317,7 @@ async def test_a_speech_request_over_the_apps_limit_gets_its_413_never_a_502(ngi
     """The speech route's body limit is the app's 128 KiB at nginx too: an 8 MiB body (once
     let through by the server-wide 16m, refused unread by the app, and answered 502 by
     nginx most of the time) gets OpenAI's 413, every time; one within it is spoken."""
-    from voxwire.server.openai_speech import MAX_BODY_BYTES
+    from voxwire.server.doors.openai import MAX_BODY_BYTES
 
     padding = "x" * (8 << 20)
     async with httpx.AsyncClient(base_url=nginx.http, timeout=60) as http:

@@ -43,7 +43,7 @@ from tests.server.test_stream import ONE_LONG_SENTENCE  # noqa: E402
 from voxwire_client import Client  # noqa: E402
 from voxwire_client.client import Closed, ServerError  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)  # replicas load Piper on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # Ray; replicas load Piper on a busy 2-core machine
 
 WINDOW_S = 1.0
 DRAIN_S = 20  # as the plain server's drain test: room for a busy machine

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import soxr
 
-from voxwire.server.audio import OutputStream, Rechunker, encode, mulaw_encode
+from voxwire.server.audio import FrameCutter, Rechunker, encode, mulaw_encode
 from voxwire_client.formats import mulaw_to_int16, to_float32
 
 
@@ -23,7 +23,7 @@ def speechlike(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
 def test_chunked_resampling_equals_whole_resampling(out_rate):
     x = speechlike(3.0, 22050)
     whole = soxr.resample(x, 22050, out_rate, quality="HQ")
-    stream = OutputStream(22050, out_rate, chunk_ms=200)
+    stream = FrameCutter(22050, out_rate, chunk_ms=200)
     frames = []
     rng = np.random.default_rng(1)
     i = 0
@@ -44,14 +44,14 @@ def test_chunked_resampling_equals_whole_resampling(out_rate):
 
 
 def test_frames_have_exact_duration_but_the_last():
-    stream = OutputStream(22050, 24000, chunk_ms=150)
+    stream = FrameCutter(22050, 24000, chunk_ms=150)
     frames = stream.push(speechlike(2.0, 22050)) + stream.finish()
     assert all(f.size == 3600 for f in frames[:-1])
     assert 0 < frames[-1].size <= 3600
 
 
 def test_the_first_frame_leaves_once_it_holds_150_ms():
-    stream = OutputStream(24000, 24000, chunk_ms=250)
+    stream = FrameCutter(24000, 24000, chunk_ms=250)
     assert stream.push(speechlike(0.1, 24000)) == []  # 100 ms: not yet
     (first,) = stream.push(speechlike(0.06, 24000))  # 160 ms: out it goes, short
     assert first.size == 3840

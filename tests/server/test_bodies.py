@@ -17,6 +17,8 @@ import pytest
 
 from voxwire.benchmarks.process import free_port, spawn_voxwire, stop
 
+pytestmark = pytest.mark.slow  # a spawned server fed 256 MiB and 2 GiB bodies
+
 MiB = 1024 * 1024
 HUGE_JSON = 256 * MiB
 HUGE_UPLOAD = 2048 * MiB

@@ -10,7 +10,7 @@ import pytest
 from voxwire.engine.base import WordTimings
 from voxwire.server.cache import REPLAY_SLICE_SECONDS, CachedAudio, ResultCache
 from voxwire.server.config import ServerConfig
-from voxwire.server.pipeline import FrameStream, Speech, UtteranceRequest
+from voxwire.server.pipeline import Framer, Speech, UtteranceRequest
 from tests.conftest import RunningServer, run_server
 from tests.server.codec_checks import decode
 from tests.fixtures.waiting import wait_until
@@ -77,18 +77,18 @@ def cached_server() -> Iterator[RunningServer]:
 
 
 class QueueSpy:
-    """What each FrameStream of the server is given by its utterance's queue, in order."""
+    """What each Framer of the server is given by its utterance's queue, in order."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.items: list[np.ndarray | WordTimings] = []
-        receive = FrameStream.receive
+        receive = Framer.receive
 
-        def spy(stream: FrameStream, item: object) -> list[object]:
+        def spy(stream: Framer, item: object) -> list[object]:
             if isinstance(item, (np.ndarray, WordTimings)):
                 self.items.append(item)
             return receive(stream, item)
 
-        monkeypatch.setattr(FrameStream, "receive", spy)
+        monkeypatch.setattr(Framer, "receive", spy)
 
     def taken(self) -> list[np.ndarray | WordTimings]:
         items, self.items = self.items, []
@@ -145,9 +145,9 @@ async def test_a_long_replay_takes_turns_with_the_rest_of_the_event_loop(cached_
 
     async def ticker(speech: Speech) -> None:
         while speech.outcome is None:
-            seen.append(speech.stream.frames)
+            seen.append(speech.framer.frames)
             await asyncio.sleep(0)
-        seen.append(speech.stream.frames)
+        seen.append(speech.framer.frames)
 
     def watched(request: UtteranceRequest) -> Speech:
         speech = open_speech(request)

@@ -14,6 +14,7 @@ from voxwire.server import config_loader
 from tests.conftest import free_port
 
 
+@pytest.mark.slow  # a spawned server, about 5 s
 def test_cosyvoice2_without_a_model_names_every_missing_file(tmp_path):
     (tmp_path / "llm.pt").write_bytes(b"")
     run = subprocess.run(
@@ -62,6 +63,7 @@ def one_line(run: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # a spawned server, about 4 s
 def test_a_missing_piper_voice_is_one_line_and_exit_2(tmp_path):
     run = serve("--piper-voice", str(tmp_path / "missing.onnx"))
     assert run.returncode == 2
@@ -84,6 +86,7 @@ def test_settings_out_of_their_range_refuse_to_start(args, says):
     assert run.returncode == 2 and says in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # a spawned server loads the engine
 def test_a_default_voice_the_engine_lacks_refuses_to_start():
     run = serve("--voice", "nobody")  # the engine loads, then the voice is checked
     assert run.returncode == 2 and "Traceback" not in run.stderr
@@ -115,6 +118,7 @@ def test_a_default_format_its_default_rate_cannot_carry_refuses_to_start():
     )
 
 
+@pytest.mark.slow  # spawned servers, one with --workers 2
 @pytest.mark.parametrize("workers", [[], ["--workers", "2"]])
 def test_a_port_in_use_refuses_to_start_in_one_line_before_the_engine_loads(workers):
     with held_port() as busy:
@@ -157,6 +161,7 @@ def test_help_shows_one_default_for_each_setting():
     assert "(default: 200; env VOXWIRE_CHUNK_MS;" in entries["--chunk-ms"]
 
 
+@pytest.mark.slow  # five spawned servers, about 2 s each
 @pytest.mark.parametrize("host,warned", [("127.0.0.1", False), ("127.0.0.2", False), ("localhost", False),
                                          ("::1", False), ("0.0.0.0", True)])
 def test_no_api_key_is_warned_about_off_loopback_only(tmp_path, host, warned):

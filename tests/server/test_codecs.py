@@ -13,7 +13,7 @@ import pytest
 
 from voxwire.engine.audio_queue import Failed, Finished, Flushed
 from voxwire.server.audio import FORMATS, FormatError, describe, stream_rate
-from voxwire.server.pipeline import AudioFrame, FailedEvent, FlushedEvent, FrameStream
+from voxwire.server.pipeline import AudioFrame, FailedEvent, FlushedEvent, Framer
 from voxwire.server.protocol import ProtocolError, StreamSettings, parse
 from tests.server.codec_checks import HELD_BACK, PRIMING, assert_matches_pcm, codec_frame, decode
 
@@ -41,7 +41,7 @@ def pieces(x: np.ndarray, size: int = 2000) -> list[np.ndarray]:
     return [x[i : i + size] for i in range(0, x.size, size)]
 
 
-def run(stream: FrameStream, items: list[object]) -> list[object]:
+def run(stream: Framer, items: list[object]) -> list[object]:
     events: list[object] = []
     for item in items:
         events += stream.receive(item)  # type: ignore[arg-type]
@@ -55,14 +55,14 @@ def frames_of(events: list[object]) -> list[AudioFrame]:
 def pcm_of(fmt: str, audio: np.ndarray) -> np.ndarray:
     """The pcm_s16le stream of the same audio at the compressed stream's rate."""
     rate = stream_rate(fmt, 24000)
-    frames = frames_of(run(FrameStream(ENGINE_RATE, settings("pcm_s16le", rate)), [*pieces(audio), Finished()]))
+    frames = frames_of(run(Framer(ENGINE_RATE, settings("pcm_s16le", rate)), [*pieces(audio), Finished()]))
     return np.frombuffer(b"".join(f.data for f in frames), "<i2").astype(np.float32) / 32767.0
 
 
 @pytest.mark.parametrize("fmt", COMPRESSED)
 def test_frames_concatenated_decode_to_the_pcm_streams_speech(fmt):
     audio = speechlike(3.0)
-    stream = FrameStream(ENGINE_RATE, settings(fmt))
+    stream = Framer(ENGINE_RATE, settings(fmt))
     events = run(stream, [*pieces(audio), Finished()])
     frames = frames_of(events)
     data = b"".join(f.data for f in frames)
@@ -83,7 +83,7 @@ def test_frames_concatenated_decode_to_the_pcm_streams_speech(fmt):
 
 @pytest.mark.parametrize("fmt", COMPRESSED)
 def test_each_chunk_leaves_with_its_bytes_before_the_engine_has_finished(fmt):
-    stream = FrameStream(ENGINE_RATE, settings(fmt))
+    stream = Framer(ENGINE_RATE, settings(fmt))
     audio = speechlike(2.0)
     sent_before_the_end = []
     for piece in pieces(audio, 4410):  # 200 ms engine steps
@@ -101,7 +101,7 @@ def test_each_chunk_leaves_with_its_bytes_before_the_engine_has_finished(fmt):
 
 @pytest.mark.parametrize("fmt", COMPRESSED)
 def test_a_stream_cut_short_decodes_up_to_its_last_whole_frame(fmt):
-    stream = FrameStream(ENGINE_RATE, settings(fmt))
+    stream = Framer(ENGINE_RATE, settings(fmt))
     frames = frames_of(run(stream, pieces(speechlike(1.5))))
     stream.close()  # a cancel: nothing more is made
     assert len(frames) >= 5
@@ -115,7 +115,7 @@ def test_a_stream_cut_short_decodes_up_to_its_last_whole_frame(fmt):
 
 @pytest.mark.parametrize("fmt", COMPRESSED)
 def test_flush_sends_what_is_buffered_and_keeps_one_stream(fmt):
-    stream = FrameStream(ENGINE_RATE, settings(fmt))
+    stream = Framer(ENGINE_RATE, settings(fmt))
     audio = speechlike(1.0)
     events = run(stream, [audio[:3000], Flushed(), audio[3000:], Finished()])
     assert any(isinstance(e, FlushedEvent) for e in events)
@@ -124,14 +124,14 @@ def test_flush_sends_what_is_buffered_and_keeps_one_stream(fmt):
 
 
 def test_a_failed_utterance_ends_its_encoder_with_no_more_frames():
-    stream = FrameStream(ENGINE_RATE, settings("opus"))
+    stream = Framer(ENGINE_RATE, settings("opus"))
     events = run(stream, [speechlike(0.5), Failed("engine_error", "boom")])
     assert isinstance(events[-1], FailedEvent) and not isinstance(events[-2], FailedEvent)
     decode(b"".join(f.data for f in frames_of(events)))  # what went out still decodes
 
 
 def test_pcm_formats_are_unchanged_byte_for_sample():
-    stream = FrameStream(ENGINE_RATE, settings("pcm_f32le"))
+    stream = Framer(ENGINE_RATE, settings("pcm_f32le"))
     frames = frames_of(run(stream, [*pieces(speechlike(1.0)), Finished()]))
     assert all(len(f.data) == 4 * f.samples for f in frames) and stream.bytes == 4 * stream.samples
 
@@ -174,9 +174,9 @@ def test_the_streams_are_what_standard_tools_recognise():
     """The first bytes are each container's magic, so a file of them plays anywhere."""
     magic = {"opus": b"OggS", "flac": b"fLaC"}
     for fmt, head in magic.items():
-        frames = frames_of(run(FrameStream(ENGINE_RATE, settings(fmt)), [speechlike(0.5), Finished()]))
+        frames = frames_of(run(Framer(ENGINE_RATE, settings(fmt)), [speechlike(0.5), Finished()]))
         assert frames[0].data.startswith(head)
-    mp3 = frames_of(run(FrameStream(ENGINE_RATE, settings("mp3")), [speechlike(0.5), Finished()]))[0].data
+    mp3 = frames_of(run(Framer(ENGINE_RATE, settings("mp3")), [speechlike(0.5), Finished()]))[0].data
     assert mp3[0] == 0xFF and mp3[1] & 0xE0 == 0xE0  # an MPEG audio frame sync, no ID3 tag
     with av.open(io.BytesIO(mp3)) as c:
         assert c.streams.audio[0].codec_context.name.startswith("mp3")

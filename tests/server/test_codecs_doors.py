@@ -191,6 +191,7 @@ def test_a_written_file_is_what_players_read(sdk, tmp_path):
             assert sum(f.samples for f in c.decode(audio=0)) > 24000
 
 
+@pytest.mark.slow  # a spawned server
 async def test_a_server_can_make_a_compressed_format_its_default():
     """``voxwire serve --format opus``: an utterance that names no format is Opus, the
     speech of the same text in PCM, and of its length."""

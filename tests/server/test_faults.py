@@ -65,6 +65,7 @@ async def test_hung_engine_is_replaced_and_service_continues():
             e.release.set()
 
 
+@pytest.mark.slow  # about 10 s of a reader held back
 async def test_slow_reader_is_bounded_and_others_are_unaffected():
     limits = Limits(max_queue_seconds=1.0)
     with run_server(ServerConfig(limits=limits), engine=ToneEngine) as s:
@@ -140,6 +141,7 @@ async def _speaking_then_sigterm(drain_seconds: str, ctx: str, text: str) -> Asy
         proc.wait()
 
 
+@pytest.mark.slow  # a spawned server, drained
 async def test_sigterm_finishes_in_flight_then_closes_1001():
     text = "This sentence is spoken while the server stops. " * 3
     async with _speaking_then_sigterm("20", "a", text) as (ws, url):
@@ -161,6 +163,7 @@ async def test_sigterm_finishes_in_flight_then_closes_1001():
         assert closed.value.rcvd.code == 1001
 
 
+@pytest.mark.slow  # a spawned server, drained
 async def test_sigterm_past_the_deadline_tells_the_client_and_closes_1001():
     text = "A very long answer that will not finish in half a second. " * 40
     async with _speaking_then_sigterm("0.5", "long", text) as (ws, _):
@@ -174,6 +177,7 @@ async def test_sigterm_past_the_deadline_tells_the_client_and_closes_1001():
         assert closed.value.rcvd.code == 1001
 
 
+@pytest.mark.slow  # a spawned server, drained
 async def test_sigterm_cuts_an_http_stream_so_the_client_can_tell():
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/stream"

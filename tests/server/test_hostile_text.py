@@ -74,8 +74,8 @@ async def first_audio_over_openai(server: RunningServer, text: str) -> int:
 
 
 async def first_audio_over_wyoming(server: RunningServer, text: str) -> int:
-    assert server.service.wyoming is not None
-    async with AsyncTcpClient("127.0.0.1", server.service.wyoming.port) as client:
+    assert server.service.doors["wyoming"].sock is not None
+    async with AsyncTcpClient("127.0.0.1", server.service.doors["wyoming"].port) as client:
         await client.write_event(Synthesize(text=text).event())
         while (event := await asyncio.wait_for(client.read_event(), 120)) is not None:
             if AudioChunk.is_type(event.type):
@@ -84,6 +84,7 @@ async def first_audio_over_wyoming(server: RunningServer, text: str) -> int:
     return 0
 
 
+@pytest.mark.slow  # about 7 s
 async def test_hostile_text_on_every_door_stalls_neither_a_listener_nor_the_probes(server):
     """While a listener plays a long answer in real time, the worst texts arrive on all
     three doors at once: its player never runs dry, and /healthz keeps answering."""
@@ -187,9 +188,9 @@ async def test_an_utterance_past_the_ceiling_is_cut_on_the_openai_route(short_se
 
 
 async def test_an_utterance_past_the_ceiling_ends_with_utterance_too_long_over_wyoming(short_server):
-    assert short_server.service.wyoming is not None
+    assert short_server.service.doors["wyoming"].sock is not None
     audio = bytearray()
-    async with AsyncTcpClient("127.0.0.1", short_server.service.wyoming.port) as client:
+    async with AsyncTcpClient("127.0.0.1", short_server.service.doors["wyoming"].port) as client:
         await client.write_event(Synthesize(text=LONG_TONES).event())
         while (event := await asyncio.wait_for(client.read_event(), 60)) is not None:
             if AudioChunk.is_type(event.type):

@@ -56,6 +56,7 @@ async def test_text_per_session_is_bounded():
             assert e.value.code == "session_text_limit"
 
 
+@pytest.mark.slow  # waits out idle timeouts
 async def test_idle_connection_is_closed_but_a_busy_one_is_not():
     limits = Limits(idle_timeout_seconds=0.5)
     with run_server(ServerConfig(limits=limits), engine=lambda: ToneEngine(step_delay=0.02)) as s:

@@ -50,6 +50,7 @@ async def _utterance_lines(*flags: str) -> list[dict]:
     return [line for line in lines if line["logger"] == "voxwire.utterance"]
 
 
+@pytest.mark.slow  # a spawned server
 async def test_one_json_line_per_utterance_with_text_redacted():
     (line,) = await _utterance_lines()
     assert line["outcome"] == "done" and line["ctx"] and line["session"] and line["voice"] == "joe"
@@ -59,6 +60,7 @@ async def test_one_json_line_per_utterance_with_text_redacted():
     assert "text" not in line and "four four" not in orjson.dumps(line).decode()
 
 
+@pytest.mark.slow  # spawned servers
 async def test_text_is_logged_only_when_asked():
     (line,) = await _utterance_lines("--log-text")
     assert line["text"] == SECRET
@@ -164,6 +166,7 @@ async def _present_keys_every_way(port: int) -> None:
             assert (await http.get(f"/?token={key}")).status_code == 307  # the demo page's redirect
 
 
+@pytest.mark.slow  # spawned servers, one with --workers 2
 @pytest.mark.parametrize("log_format,workers", [("json", 1), ("text", 2)])
 async def test_no_key_reaches_any_log_line_however_it_was_sent(tmp_path, log_format, workers):
     """A real server process, so the lines are uvicorn's own access and error lines and

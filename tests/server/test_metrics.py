@@ -59,6 +59,7 @@ async def test_outcomes_by_error_code(tone_server):
     assert after[key] == before.get(key, 0) + 1
 
 
+@pytest.mark.slow  # spins every core for seconds
 async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(piper_server):
     """Beside processes that keep every core busy, the engine's steps run on one thread
     (a second would stall at every op's barrier while the OS runs a neighbour), and once

@@ -12,7 +12,7 @@ import pytest
 from voxwire.engine.audio_queue import Failed, Finished, Flushed
 from voxwire.engine.base import WordTiming, WordTimings
 from voxwire.server.config import ServerConfig
-from voxwire.server.pipeline import AudioFrame, FailedEvent, FlushedEvent, FrameStream, Words
+from voxwire.server.pipeline import AudioFrame, FailedEvent, FlushedEvent, Framer, Words
 from voxwire.server.protocol import StreamSettings
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
@@ -32,7 +32,7 @@ def tone(seconds: float) -> np.ndarray:
 
 
 def test_frames_are_cut_numbered_and_offset_from_pieces_of_any_size():
-    stream = FrameStream(RATE, settings())
+    stream = Framer(RATE, settings())
     events = []
     for seconds in (0.05, 0.12, 0.5, 0.01, 0.33):  # 1.01 s in uneven pieces
         events += stream.receive(tone(seconds))
@@ -48,7 +48,7 @@ def test_frames_are_cut_numbered_and_offset_from_pieces_of_any_size():
 
 
 def test_words_go_just_ahead_of_the_frame_they_start_in_on_the_stream_timeline():
-    stream = FrameStream(RATE, settings(sample_rate=8000, timestamps=True))
+    stream = Framer(RATE, settings(sample_rate=8000, timestamps=True))
     words = WordTimings((WordTiming("one", 100, 3000), WordTiming("two", 9000, 12000)))
     events = stream.receive(words) + stream.receive(tone(1.0)) + stream.receive(Finished())
     kinds = [type(e).__name__ for e in events]
@@ -61,7 +61,7 @@ def test_words_go_just_ahead_of_the_frame_they_start_in_on_the_stream_timeline()
 
 
 def test_flush_sends_what_is_buffered_then_the_marker_and_failure_is_an_event():
-    stream = FrameStream(RATE, settings())
+    stream = Framer(RATE, settings())
     assert stream.receive(tone(0.1)) == []  # under 150 ms: held for the first frame
     flushed = stream.receive(Flushed())
     assert isinstance(flushed[0], AudioFrame) and flushed[0].samples == RATE // 10
@@ -70,18 +70,18 @@ def test_flush_sends_what_is_buffered_then_the_marker_and_failure_is_an_event():
 
 
 def test_capture_for_the_cache_is_capped_and_keeps_words_only_when_asked():
-    small = FrameStream(RATE, settings(timestamps=True), capture_bytes=RATE * 4)  # one second of float32
+    small = Framer(RATE, settings(timestamps=True), capture_bytes=RATE * 4)  # one second of float32
     small.receive(WordTimings((WordTiming("a", 0, 10),)))
     small.receive(tone(0.6))
     small.receive(Finished())
     entry = small.captured(segments=1)
     assert entry is not None and entry.audio.size == int(RATE * 0.6) and entry.words == (WordTiming("a", 0, 10),)
-    big = FrameStream(RATE, settings(), capture_bytes=RATE * 4)
+    big = Framer(RATE, settings(), capture_bytes=RATE * 4)
     big.receive(tone(0.6))
     big.receive(tone(0.6))  # now over the cap: nothing is kept
     big.receive(Finished())
     assert big.captured(segments=1) is None
-    plain = FrameStream(RATE, settings(), capture_bytes=RATE * 4)
+    plain = Framer(RATE, settings(), capture_bytes=RATE * 4)
     plain.receive(tone(0.2))
     plain.receive(Finished())
     assert plain.captured(segments=1).words is None  # type: ignore[union-attr]
@@ -138,7 +138,7 @@ async def test_the_cache_caps_what_either_door_keeps():
 def test_a_first_piece_of_150_ms_makes_a_first_frame_at_every_rate(rate):
     # Piper's first piece is 162.5 ms at 22.05 kHz; the resampler keeps some of it back.
     piece = np.sin(np.arange(int(22050 * 1.1625)) * 0.05).astype(np.float32) * 0.3
-    stream = FrameStream(22050, settings(sample_rate=rate))
+    stream = Framer(22050, settings(sample_rate=rate))
     first = stream.receive(piece[: int(22050 * 0.1625)])
     frames = [e for e in first if isinstance(e, AudioFrame)]
     assert len(frames) == 1 and frames[0].samples >= rate * 0.13

@@ -11,9 +11,12 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from tests.conftest import Loopback, free_port
 from tests.server.test_metrics import scrape
+
+pytestmark = pytest.mark.slow  # --workers N: several server processes
 
 
 def pids(port: int, n: int = 40) -> set[int]:

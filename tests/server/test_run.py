@@ -12,7 +12,7 @@ import pytest
 
 from voxwire.server.config import ServerConfig
 from voxwire.server.limits import Limits
-from voxwire.server.run import SEND_BUFFER_BYTES, listening_socket
+from voxwire.server.sockets import SEND_BUFFER_BYTES, listening_socket
 from voxwire.server.sockets import held_socket
 from tests.conftest import run_server
 
@@ -53,6 +53,7 @@ def test_a_held_port_is_refused_to_every_other_socket(reuse_port):
     assert e.value.errno == errno.EADDRINUSE
 
 
+@pytest.mark.slow  # about 9 s of a paused reader
 async def test_a_paused_http_reader_has_a_bounded_amount_of_audio_computed_ahead():
     limits = Limits(max_queue_seconds=1.0)
     with run_server(ServerConfig(limits=limits, cache_mb=0)) as s:

@@ -27,6 +27,8 @@ from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine
 from tests.server.test_metrics import scrape
 from voxwire_client import Client
 
+pytestmark = pytest.mark.slow  # waits out stall timeouts, about 40 s
+
 STALL_S = 2.0
 WINDOW_S = 1.0
 LONG = "word " * 2999 + "word."  # 300 s of audio: far beyond every buffer and the window

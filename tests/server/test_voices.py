@@ -17,7 +17,7 @@ from voxwire.server import voices
 from voxwire.server.voices import MAX_DECODED_SAMPLES, MAX_DECODED_SECONDS, decode_audio
 from tests.engine.cosyvoice2.test_schedule import no_early_stop
 from tests.server.test_bodies import HUGE_UPLOAD, SENT_BOUND, multipart_body, send_until_answered
-from tests.server.test_openai import (  # server_log is a fixture, used by name
+from tests.server.doors.test_openai import (  # server_log is a fixture, used by name
     assert_logged_as_ordinary,
     disconnect_records,
     hang_up_mid_body,

@@ -1,9 +1,9 @@
 """One WebSocket connection: protocol dispatch, its defaults and its utterances by ``ctx``.
 
 The session turns parsed protocol messages into pipeline calls (server/pipeline.py) and
-runs one asyncio task per utterance, which reads the utterance's events and sends them
-as protocol v1 messages. It never touches a socket itself: it is given two coroutines
-that send text and bytes, so the same session serves any transport and is easy to test.
+runs one task per utterance (``Door.speak``), which sends the utterance's events as
+protocol v1 messages. It never touches a socket itself: it is given two coroutines that
+send text and bytes, so the same session serves any transport and is easy to test.
 """
 
 from __future__ import annotations
@@ -14,45 +14,34 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from voxwire.server import protocol
 from voxwire.server.audio import describe
-from voxwire.server.limits import Limits, TokenBucket
-from voxwire.server.pipeline import (
-    AudioFrame, Done, Event, FailedEvent, FlushedEvent, Pipeline, Refused, Speech, UtteranceRequest, Words,
-)
+from voxwire.server.doors.base import Door, ListenerStalled
+from voxwire.server.pipeline import AudioFrame, Done, Event, FailedEvent, FlushedEvent, Refused, Speech, Words
 from voxwire.server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
 
 log = logging.getLogger(__name__)
 
 SendText = Callable[[str], Awaitable[None]]
 SendBytes = Callable[[bytes], Awaitable[None]]
-DOOR = "ws"
 
 ENDED_CTX_REMEMBERED = 4096
 """Ended ctx ids a connection remembers: a late cancel for one is not an error, and text
 for one is refused (ctx_finished) instead of opening a new utterance under its name."""
 
 
-class ListenerStalled(RuntimeError):
-    """The connection takes nothing: a send waited ``stall_timeout_seconds`` beyond the
-    time a player would have heard all it was sent. Every utterance on it has ended with
-    ``listener_stalled`` and its slot is free; the door must drop the connection without
-    waiting on it (no frame, a close frame included, can reach the client now). A
-    RuntimeError, as a send on a closed socket is: either way the socket is unusable."""
-
-
 @dataclass
-class Voicing:
+class ActiveUtterance:
     """One utterance of this connection: its ``ctx``, its speech and the task sending it."""
 
     ctx: str
     speech: Speech
     last_text_at: float
     task: asyncio.Task[None] | None = field(default=None, repr=False)
-    waiting_since: float | None = None
+    waiting_since: float | None = field(default_factory=time.monotonic)
     """When its task began to wait for the next event (None while it has one in hand)."""
     progress_at: float | None = None
     """When its client first reported playback progress, or last reported more played."""
@@ -70,27 +59,20 @@ class Voicing:
 
 
 class Session:
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        defaults: StreamSettings,
-        limits: Limits,
-        send_text: SendText,
-        send_bytes: SendBytes,
-    ) -> None:
-        self.pipeline = pipeline
+    def __init__(self, door: Door, defaults: StreamSettings, send_text: SendText, send_bytes: SendBytes) -> None:
+        self.door = door
+        self.pipeline = door.pipeline
         self.defaults = defaults
-        self.limits = limits
+        self.limits = door.limits
         self._send_text = send_text
         self._send_bytes = send_bytes
         # Several utterance tasks share one socket; frames must not interleave mid-send.
         self._send_lock = asyncio.Lock()
-        self._live: dict[str, Voicing] = {}
+        self._live: dict[str, ActiveUtterance] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()  # a bounded set, oldest first
         self._auto_ctx = 0
         self._closed = False
-        self._bucket = TokenBucket(limits.messages_per_second, limits.message_burst)
-        self._session_chars = 0
+        self._budget = door.budget()
         self.id = secrets.token_hex(6)
         self.last_message_at = time.monotonic()
         self._playing_until = 0.0
@@ -124,7 +106,7 @@ class Session:
         try:
             message = protocol.parse(data)
             # Parsed first, so the refusal can name the utterance whose text was dropped.
-            if not self._bucket.take():
+            if not self._budget.take_message():
                 dropped = ProtocolError(
                     "rate_limited",
                     f"more than {self.limits.messages_per_second:g} messages per second; this message was dropped",
@@ -168,9 +150,9 @@ class Session:
 
     async def _speak(self, message: Speak) -> None:
         ctx = message.ctx
-        voicing = self._live.get(ctx) if ctx is not None else None
-        if voicing is not None:
-            await self._continue(voicing, message)
+        active = self._live.get(ctx) if ctx is not None else None
+        if active is not None:
+            await self._continue(active, message)
             return
         if ctx is not None and ctx in self._ended:
             # Text that was on its way when the client cancelled (a barge-in) must not
@@ -180,56 +162,51 @@ class Session:
             )
         ctx = ctx if ctx is not None else self._auto_name()
         settings = protocol.with_overrides(self.defaults, message.settings)
-        request = UtteranceRequest(DOOR, message.text, message.final, settings, {"session": self.id, "ctx": ctx})
-        refusal = self._refusal(message.text, ctx)
-        if refusal is not None:
-            self.pipeline.refused(DOOR, refusal.code, request.ids, settings.voice, message.text)
-            raise refusal
+        ids = {"session": self.id, "ctx": ctx}
         try:
-            speech = self.pipeline.open(request)
+            refusal = self._refusal(message.text)
+            if refusal is not None:
+                self.door.refused(refusal.code, ids, settings.voice, message.text)
+                raise refusal
+            speech = self.door.open(message.text, message.final, settings, ids)
         except Refused as e:
             raise _protocol_error(e, ctx) from None
-        self._session_chars += len(message.text)
-        voicing = self._live[ctx] = Voicing(ctx, speech, last_text_at=time.monotonic())
+        self._budget.spend(message.text)
+        active = self._live[ctx] = ActiveUtterance(ctx, speech, last_text_at=time.monotonic())
         # The container and codec, so a client knows how to read the frames' bytes.
         started = {**speech.settings.to_dict(), **describe(speech.settings.format)}
         await self._send(protocol.event("started", ctx=ctx, **started))
-        voicing.task = asyncio.create_task(self._stream(voicing), name=f"utterance-{ctx}")
+        active.task = self.door.speak(
+            speech, lambda event: self._deliver(active, event), f"utterance-{ctx}",
+            on_end=lambda: self._forget(active),
+        )
 
-    async def _continue(self, voicing: Voicing, message: Speak) -> None:
+    async def _continue(self, active: ActiveUtterance, message: Speak) -> None:
         """More text for a streamed utterance."""
-        ctx = voicing.ctx
-        if voicing.speech.complete:
+        ctx = active.ctx
+        if active.speech.complete:
             raise ProtocolError("ctx_finished", f"utterance {ctx!r} already received its final text", ctx)
         if message.settings:
             refused = " and ".join(f'"{name}"' for name in message.settings)
             raise ProtocolError(
                 "invalid_field", f"{refused} can only be set in the first speak of an utterance", ctx
             )
-        if voicing.speech.text_chars + len(message.text) > self.limits.max_text_chars:
-            raise ProtocolError(
-                "text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance", ctx
-            )
-        self._check_session_text(message.text, ctx)
-        voicing.last_text_at = time.monotonic()
-        self._session_chars += len(message.text)
-        voicing.speech.feed(message.text, message.final)
+        refusal = self._budget.refusal(message.text, active.speech.text_chars)
+        if refusal is not None:
+            raise _protocol_error(refusal, ctx)
+        active.last_text_at = time.monotonic()
+        self._budget.spend(message.text)
+        active.speech.feed(message.text, message.final)
 
-    def _refusal(self, text: str, ctx: str) -> ProtocolError | None:
+    def _refusal(self, text: str) -> Refused | None:
         """This connection's own limits on a new utterance."""
-        if len(text) > self.limits.max_text_chars:
-            return ProtocolError("text_too_long", f"text is limited to {self.limits.max_text_chars} characters", ctx)
-        try:
-            self._check_session_text(text, ctx)
-        except ProtocolError as e:
-            return e
-        if len(self._live) >= self.limits.max_utterances_per_socket:
-            return ProtocolError(
+        refusal = self._budget.refusal(text)
+        if refusal is None and len(self._live) >= self.limits.max_utterances_per_socket:
+            refusal = Refused(
                 "too_many_utterances",
                 f"at most {self.limits.max_utterances_per_socket} utterances may be active on one connection",
-                ctx,
             )
-        return None
+        return refusal
 
     async def _flush(self, ctx: str) -> None:
         # Ended, or ending, while the flush was on its way: all its audio was sent, which
@@ -238,26 +215,26 @@ class Session:
             await self._send(protocol.event("flushed", ctx=ctx))
 
     async def _cancel(self, ctx: str) -> None:
-        voicing = self._live.get(ctx)
-        if voicing is None:
+        active = self._live.get(ctx)
+        if active is None:
             if ctx in self._ended:
                 return  # it finished while the cancel was on its way: nothing to stop
             raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
-        await self._stop(voicing, "cancelled")
-        stream = voicing.speech.stream
+        await self._stop(active, "cancelled")
+        stream = active.speech.framer
         await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=stream.samples, frames=stream.frames))
 
     def _progress(self, message: Progress) -> None:
         """Playback progress: from now on this utterance is computed at most the flow
         window ahead of what the client has played (docs/protocol.md, flow control)."""
-        voicing = self._live.get(message.ctx)
+        active = self._live.get(message.ctx)
         # Not active: a player reporting the tail of an ended utterance, or one refused
         # while its first report was on the way. Progress is advice, so it is no error.
-        if voicing is not None:
-            played = min(message.played, voicing.speech.stream.samples)
-            if voicing.progress_at is None or played > voicing.played:
-                voicing.progress_at, voicing.played = time.monotonic(), played
-            voicing.speech.played(message.played, self.limits.flow_window_seconds)
+        if active is not None:
+            played = min(message.played, active.speech.framer.samples)
+            if active.progress_at is None or played > active.played:
+                active.progress_at, active.played = time.monotonic(), played
+            active.speech.played(message.played, self.limits.flow_window_seconds)
 
     def _shown(self, settings: StreamSettings) -> dict[str, object]:
         """Settings as a client is told them: the default voice by its current name
@@ -267,11 +244,11 @@ class Session:
             shown["voice"] = self.pipeline.engine().default_voice()
         return shown
 
-    def _get(self, ctx: str) -> Voicing:
-        voicing = self._live.get(ctx)
-        if voicing is None:
+    def _get(self, ctx: str) -> ActiveUtterance:
+        active = self._live.get(ctx)
+        if active is None:
             raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
-        return voicing
+        return active
 
     def _auto_name(self) -> str:
         """A ctx for a speak that named none: never one the client uses or used here."""
@@ -281,81 +258,48 @@ class Session:
             if ctx not in self._live and ctx not in self._ended:
                 return ctx
 
-    def _check_session_text(self, text: str, ctx: str | None) -> None:
-        if self._session_chars + len(text) > self.limits.max_session_chars:
-            raise ProtocolError(
-                "session_text_limit",
-                f"a connection may send at most {self.limits.max_session_chars} characters; open a new one",
-                ctx,
-            )
-
     # -- one utterance ----------------------------------------------------------------------
 
-    async def _stream(self, voicing: Voicing) -> None:
-        speech, ctx = voicing.speech, voicing.ctx
-        try:
-            async for event in self._events(voicing):
-                if isinstance(event, AudioFrame):
-                    await self._send(protocol.audio_frame(ctx, event.seq, event.offset, event.samples, event.data))
-                    assert speech.first_frame_at is not None
-                    played_by = speech.first_frame_at + speech.stream.samples / speech.settings.sample_rate
-                    self._playing_until = max(self._playing_until, played_by)
-                    # A send into a socket with room does not suspend; yield anyway, so a
-                    # cancel waiting on this connection is read between two frames.
-                    await asyncio.sleep(0)
-                elif isinstance(event, Words):
-                    await self._send(protocol.event("timestamps", ctx=ctx, words=list(event.words)))
-                elif isinstance(event, FlushedEvent):
-                    await self._send(protocol.event("flushed", ctx=ctx))
-                elif isinstance(event, Done):
-                    await self._send(protocol.event("done", ctx=ctx, **event.figures.to_dict()))
-                    speech.end("done")
-                elif isinstance(event, FailedEvent):
-                    speech.end("failed", event.code)
-                    await self._send(protocol.error(event.code, event.message, ctx, terminal=True))
-        except asyncio.CancelledError:
-            raise
-        except ListenerStalled:
-            pass  # every utterance here has ended already, listener_stalled
-        except Exception:
-            # A send that fails means the socket is gone; the session's close cleans up.
-            log.debug("utterance %s stopped: socket closed", ctx, exc_info=True)
-            speech.end("disconnected")
-        finally:
-            self._forget(voicing)
+    async def _deliver(self, active: ActiveUtterance, event: Event) -> None:
+        """One of the utterance's events, sent as protocol v1 has it. Between two, its
+        task waits: the time a listener that reports progress can hold the engine back."""
+        speech, ctx = active.speech, active.ctx
+        active.waiting_since = None
+        if isinstance(event, AudioFrame):
+            await self._send(protocol.audio_frame(ctx, event.seq, event.offset, event.samples, event.data))
+            assert speech.first_frame_at is not None
+            played_by = speech.first_frame_at + speech.framer.samples / speech.settings.sample_rate
+            self._playing_until = max(self._playing_until, played_by)
+            # A send into a socket with room does not suspend; yield anyway, so a cancel
+            # waiting on this connection is read between two frames.
+            await asyncio.sleep(0)
+        elif isinstance(event, Words):
+            await self._send(protocol.event("timestamps", ctx=ctx, words=list(event.words)))
+        elif isinstance(event, FlushedEvent):
+            await self._send(protocol.event("flushed", ctx=ctx))
+        elif isinstance(event, Done):
+            await self._send(protocol.event("done", ctx=ctx, **event.figures.to_dict()))
+        elif isinstance(event, FailedEvent):
+            await self._send(protocol.error(event.code, event.message, ctx, terminal=True))
+        active.waiting_since = time.monotonic()
 
-    @staticmethod
-    async def _events(voicing: Voicing) -> AsyncIterator[Event]:
-        """The utterance's events, noting while its task waits for the next one: the time
-        a listener that reports progress can be found to hold the engine back."""
-        events = voicing.speech.events()
-        while True:
-            voicing.waiting_since = time.monotonic()
-            try:
-                event = await anext(events)
-            except StopAsyncIteration:
-                return
-            finally:
-                voicing.waiting_since = None
-            yield event
-
-    def _forget(self, voicing: Voicing) -> None:
-        if self._live.get(voicing.ctx) is voicing:
-            del self._live[voicing.ctx]
-            self._ended[voicing.ctx] = None
+    def _forget(self, active: ActiveUtterance) -> None:
+        if self._live.get(active.ctx) is active:
+            del self._live[active.ctx]
+            self._ended[active.ctx] = None
             if len(self._ended) > ENDED_CTX_REMEMBERED:
                 self._ended.popitem(last=False)
 
-    async def _stop(self, voicing: Voicing, outcome: str, code: str | None = None) -> None:
+    async def _stop(self, active: ActiveUtterance, outcome: str, code: str | None = None) -> None:
         """End an utterance from this side (cancel, idle, shutdown, socket gone): its
         computation stops and its queued audio goes, before anything else is sent."""
-        voicing.speech.end(outcome, code)
-        if voicing.task is not None and not voicing.task.done():
-            voicing.task.cancel()
+        active.speech.end(outcome, code)
+        if active.task is not None and not active.task.done():
+            active.task.cancel()
             # wait() rather than await: a cancel of this coroutine itself must propagate.
-            await asyncio.wait({voicing.task})
-        voicing.speech.drop_queued()
-        self._forget(voicing)
+            await asyncio.wait({active.task})
+        active.speech.drop_queued()
+        self._forget(active)
 
     # -- idleness ------------------------------------------------------------------------------
 
@@ -384,13 +328,13 @@ class Session:
         self._check_reading()
         await self._end_stalled_listeners(now)
         idle = self.limits.idle_timeout_seconds
-        for voicing in list(self._live.values()):
-            if not voicing.speech.complete and now - voicing.last_text_at >= idle:
-                await self._stop(voicing, "failed", "idle_timeout")
+        for active in list(self._live.values()):
+            if not active.speech.complete and now - active.last_text_at >= idle:
+                await self._stop(active, "failed", "idle_timeout")
                 await self._send(
                     protocol.error(
-                        "idle_timeout", f"utterance {voicing.ctx!r} received no text for {idle:g} s and has ended",
-                        voicing.ctx, terminal=True,
+                        "idle_timeout", f"utterance {active.ctx!r} received no text for {idle:g} s and has ended",
+                        active.ctx, terminal=True,
                     )
                 )
 
@@ -402,19 +346,19 @@ class Session:
         proxy that buffers without bound it is the only sign that nobody listens. A client
         that stops reading altogether is caught by the send itself (``_send``)."""
         stall = self.limits.stall_timeout_seconds
-        for voicing in list(self._live.values()):
-            since = voicing.quiet_listener_since()
+        for active in list(self._live.values()):
+            since = active.quiet_listener_since()
             if since is None or now - since < stall:
                 continue
-            voicing.speech.end_stalled("no_progress")
-            await self._stop(voicing, "failed", "listener_stalled")
-            log.info("session %s: utterance %s: no playback progress for %g s", self.id, voicing.ctx, stall)
+            active.speech.end_stalled("no_progress")
+            await self._stop(active, "failed", "listener_stalled")
+            log.info("session %s: utterance %s: no playback progress for %g s", self.id, active.ctx, stall)
             await self._send(
                 protocol.error(
                     "listener_stalled",
-                    f"utterance {voicing.ctx!r} has ended: its audio waited {stall:g} s "
+                    f"utterance {active.ctx!r} has ended: its audio waited {stall:g} s "
                     "(stall_timeout_seconds) with no playback progress reported",
-                    voicing.ctx, terminal=True,
+                    active.ctx, terminal=True,
                 )
             )
 
@@ -426,13 +370,13 @@ class Session:
         self._not_reading = True
         stall = self.limits.stall_timeout_seconds
         current = asyncio.current_task()
-        for voicing in list(self._live.values()):
-            voicing.speech.end_stalled("not_reading")
+        for active in list(self._live.values()):
+            active.speech.end_stalled("not_reading")
             # Not awaited: the one sending may be this very task, and nothing follows.
-            if voicing.task is not None and voicing.task is not current:
-                voicing.task.cancel()
-            voicing.speech.drop_queued()
-            self._forget(voicing)
+            if active.task is not None and active.task is not current:
+                active.task.cancel()
+            active.speech.drop_queued()
+            self._forget(active)
         log.info("session %s: the client took no audio for %g s; dropping the connection", self.id, stall)
         return ListenerStalled(f"the client took no audio for {stall:g} s (stall_timeout_seconds)")
 
@@ -466,19 +410,15 @@ class Session:
 
     async def fail_all(self, code: str, message: str) -> None:
         """Stop every utterance, telling its client why (a shutdown past its deadline)."""
-        for voicing in list(self._live.values()):
-            await self._stop(voicing, "failed", code)
-            await self._send(protocol.error(code, message, voicing.ctx, terminal=True))
+        for active in list(self._live.values()):
+            await self._stop(active, "failed", code)
+            await self._send(protocol.error(code, message, active.ctx, terminal=True))
 
     async def close(self) -> None:
         """The socket is gone: stop every utterance, so no computation outlives it."""
         self._closed = True
-        for voicing in list(self._live.values()):
-            await self._stop(voicing, "disconnected")
-
-    @property
-    def active(self) -> int:
-        return len(self._live)
+        for active in list(self._live.values()):
+            await self._stop(active, "disconnected")
 
 
 def _protocol_error(refused: Refused, ctx: str | None) -> ProtocolError:

@@ -37,6 +37,8 @@ from voxwire.benchmarks.quality.score import Sample, heard_sample
 from voxwire.benchmarks.quality.targets import TEST_SEAM_BOUND, small_precision_failures, small_run_failures
 from tests.fixtures.damage import drop_pieces, flip_alternate, splice_gaps
 
+pytestmark = pytest.mark.slow  # Whisper and DNSMOS listen to a dozen sentences
+
 SENTENCES = 12
 _PLAIN = [t for t in corpus.quality() if not re.search(r"[\d$%]", t)]
 TEXTS = _PLAIN[:: len(_PLAIN) // SENTENCES][:SENTENCES]

@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import RunningServer
 
+pytestmark = pytest.mark.slow  # drives a real headless Chromium
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

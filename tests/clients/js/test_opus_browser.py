@@ -17,6 +17,8 @@ from tests.clients.js.test_browser import (  # noqa: F401  (browser: a fixture)
 )
 from tests.conftest import RunningServer
 
+pytestmark = pytest.mark.slow  # drives a real headless Chromium
+
 
 @pytest.mark.timeout(180)
 def test_opus_is_decoded_in_the_browser_and_plays_whole(browser, piper_server: RunningServer):  # noqa: F811

@@ -22,6 +22,7 @@ def answer_of(example: Path) -> str:
     return re.search(r'^ANSWER = "(.*)"$', example.read_text(encoding="utf-8"), re.M).group(1)
 
 
+@pytest.mark.slow  # runs each example script in a process of its own
 @pytest.mark.parametrize(
     "name, extra", [("pipecat_pipeline.py", "pipecat"), ("livekit_stream.py", "livekit.agents")]
 )

@@ -70,6 +70,7 @@ async def until(condition, seconds: float = 15.0) -> None:
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow  # tokens at an LLM's pace
 @pytest.mark.parametrize("rate", [16000, 24000])
 async def test_tokens_at_llm_pace_flush_and_end_give_speech_and_word_timings(piper_server, rate):
     tts = TTS(url=piper_server.ws, sample_rate=rate)

@@ -325,6 +325,7 @@ def locked():
         yield s
 
 
+@pytest.mark.slow  # about 3 s each
 @pytest.mark.parametrize("key", ["wrong", None])
 async def test_a_refused_api_key_is_an_authentication_error_at_once(locked, key):
     tts = VoxwireTTSService(url=locked.ws, api_key=key)

@@ -52,6 +52,7 @@ def full_dir(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, reference
     return path
 
 
+@pytest.mark.slow  # builds and loads a full-size (0.5B) checkpoint
 @torch.inference_mode()
 def test_full_size_checkpoint_loads_strictly(full_dir: Path) -> None:
     models = load_models(full_dir)
@@ -69,6 +70,7 @@ def test_full_size_checkpoint_loads_strictly(full_dir: Path) -> None:
     assert flow_params > 50e6, flow_params
 
 
+@pytest.mark.slow  # needs the full-size checkpoint (about 11 s to build)
 def test_a_wrong_checkpoint_is_refused(full_dir: Path, tmp_path: Path) -> None:
     state = torch.load(full_dir / "hift.pt", map_location="cpu", weights_only=True)
     state.pop("conv_post.bias")

@@ -138,6 +138,7 @@ def test_text_pieces_encode_each_piece(encode) -> None:
     assert text_pieces("!?", encode) == []  # only punctuation: nothing to speak
 
 
+@pytest.mark.slow  # a fresh process loads the text front end
 def test_normalisation_needs_no_network(tmp_path: Path) -> None:
     """wetext ships its FSTs in the wheel: with every socket refused, a fresh process
     still normalises Chinese and English."""

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import soundfile
 
-from voxwire.server import openai_speech
+from voxwire.server.doors import openai as openai_speech
 from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
 from tests.server.test_stream import SENTENCE, assert_speech

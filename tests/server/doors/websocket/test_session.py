@@ -152,6 +152,7 @@ async def test_text_sent_after_a_barge_in_opens_nothing(tone):
         assert tone.service.worker.utterances() == []
 
 
+@pytest.mark.slow  # waits out an idle timeout
 @pytest.mark.parametrize("tone", [0.5], indirect=True)
 async def test_idle_counts_from_the_end_of_the_audio_not_from_the_last_message(tone):
     words = 30  # 3 s of audio, computed in a fraction of that

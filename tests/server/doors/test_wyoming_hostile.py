@@ -24,7 +24,7 @@ from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import WORD_SECONDS
 from tests.server.test_stream import assert_speech
 from tests.server.test_metrics import scrape
-from tests.server.test_wyoming import (
+from tests.server.doors.test_wyoming import (
     THREE, THREE_WORDS, TONE_TEXT, Heard, assert_tones, hear, port, tone_server, utterance_lines,
 )
 
@@ -172,6 +172,7 @@ async def test_a_half_closed_stream_speaks_all_the_text_that_arrived(tone, caplo
 # -- a half-closed client that then stops reading, or one that resets ------------------------------
 
 
+@pytest.mark.slow  # waits out the stall timeout
 @pytest.mark.parametrize("shut", [True, False], ids=["half-closed", "open"])
 async def test_a_client_that_reads_nothing_is_cut_off_after_the_stall_timeout(tone, caplog, shut):
     caplog.set_level(logging.INFO, logger="voxwire.utterance")

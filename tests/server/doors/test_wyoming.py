@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import io
 import logging
-import types
 from collections.abc import Iterator
 
 import numpy as np
@@ -23,7 +22,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from voxwire.server import config_loader
 from voxwire.server.config import AuthConfig, ServerConfig
 from voxwire.server.limits import Limits
-from voxwire.server.wyoming import bind, read_event, wyoming_host
+from voxwire.server.doors.base import Host
+from voxwire.server.doors.wyoming import WyomingDoor, read_event, wyoming_host
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import dominant_pitches, word_pitch
@@ -61,8 +61,8 @@ def tone() -> Iterator[RunningServer]:
 
 
 def port(server: RunningServer) -> int:
-    assert server.service.wyoming is not None
-    return server.service.wyoming.port
+    assert server.service.doors["wyoming"].sock is not None
+    return server.service.doors["wyoming"].port
 
 
 async def read(client: AsyncTcpClient) -> Event:
@@ -298,6 +298,7 @@ async def test_a_payload_shorter_than_claimed_ends_with_the_connection(tone):
     assert [(e.type, e.data.get("code")) for e in events] == [("error", "invalid_event")]
 
 
+@pytest.mark.slow  # waits out a timeout
 async def test_a_slowloris_is_cut_off_while_others_are_served(tone):
     reader, writer = await asyncio.open_connection("127.0.0.1", port(tone))
     header = b'{"type": "synthesize", "data": {"text": "' + b"a" * 1000
@@ -368,13 +369,15 @@ def test_with_api_keys_wyoming_stays_on_loopback_unless_allowed():
     assert wyoming_host("0.0.0.0", api_keys_set=True, allow_unauthenticated=False) == "127.0.0.1"
     assert wyoming_host("0.0.0.0", api_keys_set=True, allow_unauthenticated=True) == "0.0.0.0"
     keyed = ServerConfig(host="0.0.0.0", auth=AuthConfig(api_keys=("secret",)), wyoming_port=0)
-    listener = bind(types.SimpleNamespace(config=keyed))  # type: ignore[arg-type]
-    assert listener is not None
+    listener = WyomingDoor(Host(keyed, None, None, lambda: None))  # type: ignore[arg-type]
+    listener.bind()
     try:
-        assert listener.sock.getsockname()[0] == "127.0.0.1"
+        assert listener.sock is not None and listener.sock.getsockname()[0] == "127.0.0.1"
     finally:
         listener.close()
-    assert bind(types.SimpleNamespace(config=ServerConfig())) is None  # type: ignore[arg-type]
+    off = WyomingDoor(Host(ServerConfig(), None, None, lambda: None))  # type: ignore[arg-type]
+    off.bind()
+    assert off.sock is None
 
 
 # -- one utterance at a time, and the door's own limits (the scripted tone engine) ---------------
@@ -420,6 +423,7 @@ async def test_requests_over_the_doors_limits_are_refused(tone, events, code):
     await wait_until_idle(tone)
 
 
+@pytest.mark.slow  # waits out the idle timeout
 async def test_a_streamed_request_whose_text_stops_coming_ends_at_the_idle_timeout(tone, caplog):
     caplog.set_level(logging.INFO, logger="voxwire.utterance")
     async with AsyncTcpClient("127.0.0.1", port(tone)) as client:

@@ -1,0 +1,292 @@
+"""What every door shares, so that a door is only its protocol.
+
+A door is a way in: a protocol that clients speak (protocol v1 over WebSocket, OpenAI's
+speech route, Wyoming over TCP). Each is a ``Door`` subclass in its own module under
+server/doors/, registered once (server/doors/__init__.py), and built by the service with
+a ``Host``: what the service lends every door. The base owns what no door should write
+again:
+
+- the connection gate (``Gate``): refused while draining, before the engine is ready and
+  at capacity, each refusal counted and logged; a connection's slot given back, and its
+  shutdown registered for the drain, by ``Door.connection``;
+- the text budget (``TextBudget``): characters per utterance and per connection, and the
+  token bucket on messages;
+- the idle timeout and the receive loop around it (``Door.converse``);
+- the utterance task (``Door.speak``, ``utterance_events``): runs the pipeline's events
+  and ends the speech itself, ``done``, ``failed``, or ``disconnected``, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar
+
+from starlette.routing import BaseRoute
+
+from voxwire.server.accounting import Accounting
+from voxwire.server.config import ServerConfig
+from voxwire.server.limits import Admission, Limits, TokenBucket
+from voxwire.server.pipeline import Done, Event, FailedEvent, Pipeline, Refused, Speech, UtteranceRequest
+from voxwire.server.protocol import StreamSettings
+
+log = logging.getLogger(__name__)
+
+Shutdown = Callable[[], Awaitable[None]]
+"""Ends one connection at the drain deadline: tells its client, then closes it."""
+
+Message = TypeVar("Message")
+
+
+class ListenerStalled(ConnectionError):
+    """The client takes none of its audio: a send waited the stall timeout beyond the time
+    a player would have heard all it was sent. Its utterances end ``listener_stalled`` and
+    its slots are free; the door drops the connection without waiting on it (nothing, a
+    close included, can reach the client now). A ConnectionError, as a send on a
+    connection that has gone is: either way the connection is unusable."""
+
+
+class Gate:
+    """Who may connect, and who is connected, whichever door they came through."""
+
+    def __init__(self, admission: Admission, accounting: Accounting, ready: Callable[[], bool]) -> None:
+        self.admission = admission
+        self.accounting = accounting
+        self._ready = ready
+        self.draining = False
+        self.connections: dict[object, Shutdown] = {}
+        """Every open connection, with what ends it at the drain deadline."""
+
+    def refusal(self) -> Refused | None:
+        """Why a new connection may not speak now; None when it may, having taken a
+        connection slot (given back by ``Door.connection``)."""
+        if self.draining:
+            return Refused("shutting_down", "the server is shutting down")
+        if not self._ready():
+            return Refused("not_ready", "the server is not ready; try again shortly")
+        if not self.admission.try_connect():
+            return Refused("at_capacity", "the server is at capacity; try again in a second")
+        return None
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the service lends every door."""
+
+    config: ServerConfig
+    pipeline: Pipeline
+    gate: Gate
+    defaults: Callable[[], StreamSettings | None]
+    """The session defaults, settled against the engine once it has loaded (None before)."""
+
+
+class TextBudget:
+    """One connection's bounds on text: characters per utterance (summed over its pieces)
+    and over the connection's life, and messages per second (a token bucket with a burst
+    allowance: an LLM's token stream is bursty)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.chars = 0
+        """Characters this connection has had spoken so far."""
+        self._bucket = TokenBucket(limits.messages_per_second, limits.message_burst)
+
+    def take_message(self) -> bool:
+        """One more message may be read now; False: it is to be dropped."""
+        return self._bucket.take()
+
+    def refusal(self, text: str, utterance_chars: int = 0) -> Refused | None:
+        """Why ``text`` may not join an utterance that has ``utterance_chars`` already."""
+        if utterance_chars + len(text) > self.limits.max_text_chars:
+            return Refused("text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance")
+        if self.chars + len(text) > self.limits.max_session_chars:
+            return Refused(
+                "session_text_limit",
+                f"a connection may send at most {self.limits.max_session_chars} characters; open a new one",
+            )
+        return None
+
+    def spend(self, text: str) -> None:
+        self.chars += len(text)
+
+
+class Conversation(Generic[Message]):
+    """One connection as the receive loop (``Door.converse``) sees it, whatever its
+    protocol: messages handled in order, duties on a clock, an end when idle."""
+
+    def __init__(self) -> None:
+        self.closing = asyncio.Event()
+        """Set when the connection should end now (a request failed, the client is gone)."""
+
+    async def handle(self, message: Message) -> bool:
+        """Act on one message; False: the conversation is over."""
+        raise NotImplementedError
+
+    def idle_in(self, now: float) -> float:
+        """Seconds until the connection is idle (0 or less: it is)."""
+        raise NotImplementedError
+
+    async def idle(self) -> None:
+        """Say goodbye to an idle client (the door closes the connection after)."""
+
+    def wake_in(self, now: float) -> float:
+        """Seconds until ``tick`` has something to do (infinite: nothing scheduled)."""
+        return math.inf
+
+    async def tick(self, now: float) -> None:
+        """Duties on the clock, at least once a second while the connection is open."""
+
+
+class Door:
+    """A way in. A subclass names itself, and gives the app routes to mount or starts a
+    listener of its own (``bind``, ``start``, ``close``); the rest is shared."""
+
+    name: ClassVar[str]
+    """The ``door`` label of the metrics and the log lines: ``ws``, ``http``, ``wyoming``."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.config = host.config
+        self.limits = host.config.limits
+        self.pipeline = host.pipeline
+        self.gate = host.gate
+
+    # -- the service's side ------------------------------------------------------------------
+
+    def routes(self) -> list[BaseRoute]:
+        """The HTTP and WebSocket routes this door adds to the app."""
+        return []
+
+    def bind(self) -> None:
+        """Claim what the door listens on, before serving: a port that cannot be had ends
+        startup with one line. Raises OSError."""
+
+    async def start(self) -> None:
+        """Start serving, on the server's loop."""
+
+    def close(self) -> None:
+        """Stop taking connections; those open are ended by the drain."""
+
+    # -- what every door does alike ----------------------------------------------------------
+
+    def defaults(self) -> StreamSettings:
+        defaults = self.host.defaults()
+        assert defaults is not None, "a door serves only once the service has loaded"
+        return defaults
+
+    def admit(self, close_code: int = 0) -> Refused | None:
+        """Admit a new connection, or say why not (counted and logged, with the close code
+        the door will use, if any). An admitted one holds a slot until ``connection`` ends."""
+        refusal = self.gate.refusal()
+        if refusal is not None:
+            self.refuse_connection(refusal.code, close_code)
+        return refusal
+
+    def refuse_connection(self, reason: str, close_code: int = 0) -> None:
+        """Count and log a connection this door turned away for its own reason (a key)."""
+        self.pipeline.accounting.connection_refused(self.name, reason, close_code)
+
+    @contextlib.asynccontextmanager
+    async def connection(self, key: object, shutdown: Shutdown) -> AsyncIterator[None]:
+        """An admitted connection's life: the drain can end it (``shutdown``), and its
+        slot is given back however it ends."""
+        self.gate.connections[key] = shutdown
+        try:
+            yield
+        finally:
+            self.gate.connections.pop(key, None)
+            self.gate.admission.disconnect()
+
+    def budget(self) -> TextBudget:
+        return TextBudget(self.limits)
+
+    def open(self, text: str, final: bool, settings: StreamSettings, ids: dict[str, str]) -> Speech:
+        """Admit an utterance through the pipeline. Raises ``Refused`` (recorded)."""
+        return self.pipeline.open(UtteranceRequest(self.name, text, final, settings, ids))
+
+    def refused(self, code: str, ids: dict[str, str], voice: str = "", text: str = "") -> None:
+        """Record a new utterance this door turned away by its own rules (bad input, its limits)."""
+        self.pipeline.refused(self.name, code, ids, voice, text)
+
+    def speak(
+        self, speech: Speech, deliver: Callable[[Event], Awaitable[None]], name: str,
+        on_gone: Callable[[], None] | None = None, on_end: Callable[[], None] | None = None,
+    ) -> asyncio.Task[None]:
+        """The utterance's task: every event delivered in order, and the speech ended
+        whatever happens (``utterance_events``). A delivery that raises
+        ``ListenerStalled`` ends it ``listener_stalled``; any other error is a client gone
+        (``disconnected``, then ``on_gone``). Whoever cancels the task ends the speech
+        first, as they mean it to end. ``on_end`` runs last, however the task ends."""
+
+        async def run() -> None:
+            try:
+                async for event in utterance_events(speech):
+                    await deliver(event)
+            except asyncio.CancelledError:
+                raise
+            except ListenerStalled:
+                speech.end_stalled("not_reading")
+            except Exception:
+                log.debug("%s utterance stopped: the connection is gone", self.name, exc_info=True)
+                speech.end("disconnected")
+                if on_gone is not None:
+                    on_gone()
+            finally:
+                speech.end("disconnected")  # cancelled: the canceller's own end, if any, stands
+                if on_end is not None:
+                    on_end()
+
+        return asyncio.create_task(run(), name=name)
+
+    async def converse(
+        self, conversation: Conversation[Message], receive: Callable[[], Awaitable[Message]],
+    ) -> None:
+        """Read messages into ``conversation`` until it is over, closing, or idle (told).
+
+        One receive outlives the idle checks: cancelling it could lose a message. The next
+        one is started while a message is handled: behind a proxy (Ray Serve) a client's
+        going reaches the app only through a pending receive."""
+        idle = self.limits.idle_timeout_seconds
+        closing = asyncio.ensure_future(conversation.closing.wait())
+        pending: asyncio.Future[Message] | None = None
+        try:
+            while not conversation.closing.is_set():
+                now = time.monotonic()
+                await conversation.tick(now)
+                idle_in = conversation.idle_in(now)
+                if idle_in <= 0:
+                    await conversation.idle()
+                    return
+                # Wake when the connection or a duty is due; with neither, look again
+                # within the idle timeout (or a second).
+                wake = min(idle_in, conversation.wake_in(now))
+                timeout = min(idle, 1.0) if math.isinf(wake) else max(min(wake, 1.0), 0.01)
+                pending = pending or asyncio.ensure_future(receive())
+                await asyncio.wait({pending, closing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not pending.done():
+                    continue
+                message, pending = pending.result(), asyncio.ensure_future(receive())
+                if not await conversation.handle(message):
+                    return
+        finally:
+            closing.cancel()
+            if pending is not None:
+                pending.cancel()
+
+
+async def utterance_events(speech: Speech) -> AsyncIterator[Event]:
+    """The speech's events for a door to send, with the speech ended by them: ``done``
+    before Done is yielded (so the slot is free and the figures are counted by the time
+    the client hears of it), ``failed`` with its code before FailedEvent. A door that
+    stops reading before either ends the speech itself (``Door.speak`` does)."""
+    async for event in speech.events():
+        if isinstance(event, Done):
+            speech.end("done")
+        elif isinstance(event, FailedEvent):
+            speech.end("failed", event.code)
+        yield event
