@@ -149,7 +149,7 @@ def test_normalisation_needs_no_network(tmp_path: Path) -> None:
         "socket.socket.connect = refuse\n"
         "socket.create_connection = refuse\n"
         "socket.getaddrinfo = refuse\n"
-        "from engine.cosyvoice2.text import normalize_text\n"
+        "from voxwire.engine.cosyvoice2.text import normalize_text\n"
         "print(normalize_text('价格是12.5元'))\n"
         "print(normalize_text('It is 12 dollars'))\n"
     )
