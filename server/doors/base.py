@@ -179,16 +179,17 @@ class Door:
         assert defaults is not None, "a door serves only once the service has loaded"
         return defaults
 
-    def admit(self, close_code: int = 0) -> Refused | None:
-        """Admit a new connection, or say why not (counted and logged, with the close code
-        the door will use, if any). An admitted one holds a slot until ``connection`` ends."""
+    def admit(self) -> Refused | None:
+        """Admit a new connection, or say why not (counted and logged). An admitted one
+        holds a slot until ``connection`` ends."""
         refusal = self.gate.refusal()
         if refusal is not None:
-            self.refuse_connection(refusal.code, close_code)
+            self.refuse_connection(refusal.code)
         return refusal
 
     def refuse_connection(self, reason: str, close_code: int = 0) -> None:
-        """Count and log a connection this door turned away for its own reason (a key)."""
+        """Count and log a connection this door turned away: for its own reason (a key),
+        or the gate's, with the close code it answers with (0: none)."""
         self.pipeline.accounting.connection_refused(self.name, reason, close_code)
 
     @contextlib.asynccontextmanager
