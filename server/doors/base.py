@@ -266,7 +266,7 @@ class Door:
                 # Wake when the connection or a duty is due; with neither, look again
                 # within the idle timeout (or a second).
                 wake = min(idle_in, conversation.wake_in(now))
-                timeout = min(idle, 1.0) if math.isinf(wake) else max(min(wake, 1.0), 0.01)
+                timeout = min(idle, 1.0) if math.isinf(wake) else max(wake, 0.01)
                 pending = pending or asyncio.ensure_future(receive())
                 await asyncio.wait({pending, closing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not pending.done():
