@@ -22,8 +22,9 @@ SERVE_FLAGS := $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 # What the tests need from the OS, from Debian's packages (never a downloaded browser):
 # Chromium and Node for the JS client's tests, nginx for tests/deploy, the flac tool for
-# the check of what readers make of a streamed FLAC (docs/protocol.md). Installed only when
-# missing, so a machine that has them is left alone.
+# the check of what readers make of a streamed FLAC (docs/protocol.md), podman with runc
+# and mmdebstrap to build and run deploy/Dockerfile's image (tests/deploy/test_container.py).
+# Installed only when missing, so a machine that has them is left alone.
 system-packages:
 	@missing=""; \
 	command -v make >/dev/null || missing="$$missing make"; \
@@ -32,6 +33,9 @@ system-packages:
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
 	command -v flac >/dev/null || missing="$$missing flac"; \
+	command -v podman >/dev/null || missing="$$missing podman"; \
+	command -v runc >/dev/null || [ -x /usr/sbin/runc ] || missing="$$missing runc"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make test: installing$$missing from the OS packages"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \

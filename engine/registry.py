@@ -22,11 +22,13 @@ class _Entry:
 
 
 def _piper_preflight(options: EngineOptions) -> str | None:
-    from voxwire.engine.piper.engine import voice_files_from_path
+    from voxwire.engine.piper.engine import default_voices, voice_files_from_path
 
     try:
         for path in options.piper_voices:
             voice_files_from_path(path)
+        if not options.piper_voices:
+            default_voices()  # a package import: finds a missing voice before the engine loads
     except EngineError as e:
         return f"{e.message}. --piper-voice takes a MODEL.onnx with its MODEL.onnx.json beside it."
     return None

@@ -24,6 +24,8 @@ from voxwire.server.doors import DOORS
 from voxwire.server.doors.base import Door
 from voxwire.server.service import Service
 
+# clients/js beside server/ in a checkout; installed from a wheel, voxwire/clients/js
+# beside voxwire/server (pyproject.toml's package data), the same relative path.
 JS_CLIENT_DIR = Path(__file__).resolve().parent.parent / "clients" / "js"
 
 

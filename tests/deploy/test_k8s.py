@@ -7,6 +7,8 @@ Ray Serve's own schema, the one `serve deploy` applies.
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +90,33 @@ def test_pods_outlive_the_replicas_drain():
     )
     for template in pod_templates(service)[1:]:
         assert template["spec"]["terminationGracePeriodSeconds"] > longest
+
+
+def ray_dockerfile() -> tuple[str, str]:
+    """deploy/ray/Dockerfile's tag (from its header's build command) and its FROM line's Ray."""
+    text = (DEPLOY / "ray" / "Dockerfile").read_text()
+    comments = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    (build,) = [line for line in comments if line.startswith("docker build ")]
+    args = shlex.split(build)
+    assert args[args.index("-f") + 1] == "deploy/ray/Dockerfile", f"the header builds another file: {build}"
+    tag = args[args.index("-t") + 1]
+    (base,) = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
+    match = re.fullmatch(r"rayproject/ray:(\d+\.\d+\.\d+)(-\S*)?", base)
+    assert match, f"deploy/ray/Dockerfile is not built on a released Ray image: FROM {base}"
+    return tag, match.group(1)
+
+
+def test_the_pods_run_deploy_ray_dockerfiles_image_with_the_manifests_ray():
+    tag, ray_version = ray_dockerfile()
+    _, service = rayservice()
+    containers = [c for t in pod_templates(service) for c in t["spec"]["containers"]]
+    assert containers, "the RayService has no containers"
+    for container in containers:
+        assert container["image"] == tag, (
+            f"container {container['name']} runs {container['image']}, not the image "
+            f"deploy/ray/Dockerfile's header builds ({tag})"
+        )
+    assert service["spec"]["rayClusterConfig"]["rayVersion"] == ray_version, (
+        f"the manifest's rayVersion ({service['spec']['rayClusterConfig']['rayVersion']}) is not "
+        f"the Ray of deploy/ray/Dockerfile's base image ({ray_version}): KubeRay expects the image's Ray"
+    )
