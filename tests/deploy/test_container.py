@@ -125,8 +125,9 @@ def container(image: str) -> Iterator[tuple[str, int]]:
 
 
 def smoke(image: str) -> None:
-    """What a user checks first: the container becomes healthy and speaks, through the
-    socket and the OpenAI route. Raises ContainerFailed, saying what went wrong."""
+    """What a user checks first: the container becomes healthy, speaks through the socket
+    and the OpenAI route, and serves the browser client. Raises ContainerFailed (or an
+    assertion), saying what went wrong."""
     port = free_port()
     name = start(image, port)
     try:
@@ -138,11 +139,15 @@ def smoke(image: str) -> None:
         assert response.status_code == 200, response.text
         audio, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
         assert_speech(audio, rate, words=9)
+        # The browser client and its demo page, which the server serves from its package.
+        for path in ("/client/demo.html", "/client/voxwire.js", "/client/player-worklet.js"):
+            page = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10)
+            assert page.status_code == 200 and page.content, f"{path}: {page.status_code}"
     finally:
         remove(name)
 
 
-def test_the_image_becomes_healthy_and_speaks_through_the_socket_and_the_openai_route(image):
+def test_the_image_becomes_healthy_speaks_through_the_socket_and_the_openai_route_and_serves_the_js_client(image):
     smoke(image)
 
 
