@@ -174,6 +174,31 @@ def test_the_server_runs_as_a_user_other_than_root_on_a_read_only_root(container
     assert podman("exec", name, "touch", "/data/voices/probe", check=False).returncode == 0
 
 
+def test_settings_come_from_voxwire_variables_and_a_mounted_settings_file(image, tmp_path):
+    settings = tmp_path / "voxwire.toml"
+    settings.write_text("default_chunk_ms = 150\n")
+    settings.chmod(0o644)  # read by the image's user, not this one
+    port = free_port()
+    name = start(image, port, "--volume", f"{settings}:/etc/voxwire/voxwire.toml:ro",
+                 env={"VOXWIRE_CONFIG": "/etc/voxwire/voxwire.toml", "VOXWIRE_SAMPLE_RATE": "16000"})
+
+    async def speak() -> tuple[dict, list[Audio]]:
+        async with await Client.connect(f"ws://127.0.0.1:{port}/v1/stream") as client:
+            utterance = await client.speak(SENTENCE)
+            frames, _ = await utterance.collect()
+            return utterance.started.data, frames
+
+    try:
+        wait_healthy(name)
+        started, frames = asyncio.run(speak())
+    finally:
+        remove(name)
+    assert (started["sample_rate"], started["chunk_ms"]) == (16000, 150)  # the variable's, the file's
+    # 150 ms at 16 kHz, but the first (which leaves as early as it can) and the last.
+    assert len(frames) > 5 and all(f.samples == 2400 for f in frames[1:-1]), [f.samples for f in frames]
+    assert_speech(np.concatenate([f.to_float32() for f in frames]), 16000, words=9)
+
+
 def test_podman_stop_drains_an_utterance_in_flight_and_the_server_exits_0(container):
     name, port = container
     wait_healthy(name)
