@@ -40,8 +40,9 @@ class ContainerFailed(RuntimeError):
     """The container did not serve: why, with the end of its log."""
 
 
-def podman(*args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout)
+def podman(*args: str, timeout: float = 120.0, check: bool = True, input: str | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout, input=input)
     if check and done.returncode != 0:
         raise ContainerFailed(f"podman {' '.join(args[:2])} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     return done
