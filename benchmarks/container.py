@@ -70,10 +70,9 @@ def log_tail(name: str, lines: int = 15) -> str:
     return (out.stdout + out.stderr).strip()
 
 
-def state(name: str) -> tuple[str, int]:
-    """The container's status ("running", "exited"...) and its exit code."""
-    out = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name).stdout.split()
-    return out[0], int(out[1])
+def status(name: str) -> str:
+    """The container's status: "running", "stopped", "exited"..."""
+    return podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
 
 
 def wait_healthy(name: str, timeout: float = 120.0) -> float:
@@ -83,10 +82,11 @@ def wait_healthy(name: str, timeout: float = 120.0) -> float:
     while time.monotonic() - began < timeout:
         if podman("healthcheck", "run", name, check=False).returncode == 0:
             return time.monotonic() - began
-        status, code = state(name)
-        if status != "running":
-            podman("wait", name, check=False)  # until its log is complete
-            raise ContainerFailed(f"the container {status} (exit code {code}) before its healthcheck passed; "
+        if status(name) != "running":
+            # Its process has ended ("stopped" until podman has cleaned up, then "exited"):
+            # wait for the end of that, so that the exit code and the log are complete.
+            code = podman("wait", name, check=False).stdout.strip()
+            raise ContainerFailed(f"the container exited (exit code {code}) before its healthcheck passed; "
                                   f"its log ends:\n{log_tail(name)}")
         time.sleep(0.2)
     raise ContainerFailed(f"the healthcheck did not pass within {timeout:.0f} s; the log ends:\n{log_tail(name)}")
@@ -134,7 +134,7 @@ def one_round(image: str, tag: str) -> dict[str, tuple[float, list[float]]]:
     name = start(image, port)
     try:
         launched = time.monotonic() - began  # `podman run --detach` returns once the process runs
-        ready = _seconds_to_ready(port, lambda: state(name)[0] == "running")
+        ready = _seconds_to_ready(port, lambda: status(name) == "running")
         readings["container"] = (launched + ready, asyncio.run(_first_audio_ms(port, SENTENCES, f"c{tag}")))
     finally:
         remove(name)
