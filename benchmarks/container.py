@@ -19,11 +19,9 @@ import statistics
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import httpx
-
-from voxwire.benchmarks.process import free_port, launch_voxwire, stop
+from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
 
 # Debian's podman prefers crun and systemd's cgroup manager; runc and cgroupfs also work
 # where there is no systemd (containers, CI machines), so they are named here.
@@ -96,20 +94,6 @@ def remove(name: str) -> None:
     podman("rm", "--force", "--time", "0", name, check=False)
 
 
-def _seconds_to_ready(port: int, alive: Callable[[], bool]) -> float:
-    began = time.monotonic()
-    while time.monotonic() - began < 120:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return time.monotonic() - began
-        except httpx.HTTPError:
-            pass
-        if not alive():
-            raise ContainerFailed("the server exited during start-up")
-        time.sleep(0.02)
-    raise ContainerFailed("/readyz did not answer within 120 s")
-
-
 async def _first_audio_ms(port: int, sentences: Sequence[str], tag: str) -> list[float]:
     from voxwire_client.sync import synthesize_async
 
@@ -125,7 +109,7 @@ def one_round(image: str, tag: str) -> dict[str, tuple[float, list[float]]]:
     port = free_port()
     proc = launch_voxwire(port)
     try:
-        ready = _seconds_to_ready(port, lambda: proc.poll() is None)
+        ready = wait_http(f"http://127.0.0.1:{port}/readyz", proc, interval=0.02)
         readings["voxwire serve"] = (ready, asyncio.run(_first_audio_ms(port, SENTENCES, f"n{tag}")))
     finally:
         stop(proc)
@@ -134,7 +118,8 @@ def one_round(image: str, tag: str) -> dict[str, tuple[float, list[float]]]:
     name = start(image, port)
     try:
         launched = time.monotonic() - began  # `podman run --detach` returns once the process runs
-        ready = _seconds_to_ready(port, lambda: status(name) == "running")
+        ready = wait_http(f"http://127.0.0.1:{port}/readyz", alive=lambda: status(name) == "running",
+                          interval=0.02)
         readings["container"] = (launched + ready, asyncio.run(_first_audio_ms(port, SENTENCES, f"c{tag}")))
     finally:
         remove(name)

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,18 +20,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 120.0, *,
+              alive: Callable[[], bool] | None = None, interval: float = 0.1) -> float:
+    """Until ``url`` answers 200; returns the seconds that took. The server is ``proc``, or
+    something ``alive`` says is still running (a container): its end is an error at once."""
+    running = alive or (lambda: proc is None or proc.poll() is None)
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
         try:
             if httpx.get(url, timeout=2).status_code == 200:
-                return
+                return time.monotonic() - began
         except httpx.HTTPError:
             pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited during start-up ({' '.join(map(str, proc.args))})")
-        time.sleep(0.1)
-    proc.kill()
+        if not running():
+            what = " ".join(map(str, proc.args)) if proc is not None else url
+            raise RuntimeError(f"the server exited during start-up ({what})")
+        time.sleep(interval)
+    if proc is not None:
+        proc.kill()
     raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
 
 
