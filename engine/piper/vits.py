@@ -182,7 +182,9 @@ class RelativeSelfAttention(nn.Module):
         self.emb_rel_k = nn.Parameter(torch.zeros(1, 2 * window_size + 1, self.k_channels))
         self.emb_rel_v = nn.Parameter(torch.zeros(1, 2 * window_size + 1, self.k_channels))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masked_out: torch.Tensor | None) -> torch.Tensor:
+        """``masked_out``: [B, 1, T, T], True where a score is excluded (padding), or
+        None where nothing is."""
         b, c, _, t = x.shape
 
         def heads(y: torch.Tensor) -> torch.Tensor:  # -> [B, H, T, d]
@@ -192,8 +194,8 @@ class RelativeSelfAttention(nn.Module):
         k, v = heads(self.conv_k(x)), heads(self.conv_v(x))
         scores = q @ k.transpose(-2, -1)
         add_band(scores, q @ self.emb_rel_k.transpose(-2, -1))
-        if attn_mask is not None:
-            scores = scores.masked_fill(attn_mask == 0, -1e4)
+        if masked_out is not None:
+            scores.masked_fill_(masked_out, -1e4)
         p = torch.softmax(scores, dim=-1)
         out = p @ v + take_band(p, self.window_size) @ self.emb_rel_v
         return self.conv_o(channels_first(out.transpose(1, 2).reshape(b, t, c)))
@@ -235,12 +237,14 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # Without padding the attention mask is all ones: skip the [T, T] masked_fill.
-        attn_mask = None if bool(mask.all()) else mask.transpose(2, 3) * mask  # [B,1,T,T]
+        # With it, the [T, T] comparison is made once for every layer (5% of the prior
+        # of a 400-phoneme sentence on one thread).
+        masked_out = None if bool(mask.all()) else (mask.transpose(2, 3) * mask) == 0  # [B,1,T,T]
         x = x * mask
         for attn, norm_1, ffn, norm_2 in zip(
             self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2
         ):
-            x = norm_1(x + attn(x, attn_mask))
+            x = norm_1(x + attn(x, masked_out))
             x = norm_2(x + ffn(x, mask))
         return x * mask
 
