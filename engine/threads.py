@@ -2,9 +2,10 @@
 
 Two defaults cost us on the CPU, and each has its function:
 
-- torch sizes its intra-op pool (OpenMP) to every logical core. ``configure_cpu_threads``
-  sets it to the physical cores this process may use, at most a few, or to an exact
-  count. The count is process-wide: the last call wins.
+- torch sizes its intra-op pool (OpenMP) to every logical core, and neither torch nor
+  ``os.cpu_count`` knows of a container's CPU quota. ``configure_cpu_threads`` sets it to
+  the physical cores this process may use, no more than its quota (``usable_cores``), at
+  most a few, or to an exact count. The count is process-wide: the last call wins.
 - onnxruntime's intra-op pool spins on its cores after each run, waiting for more work,
   so whatever runs next on those cores (torch, the event loop) pays for it.
   ``onnx_session_options`` gives a session a fixed number of threads that do not spin.
@@ -27,10 +28,12 @@ the count.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -61,16 +64,70 @@ def physical_cores() -> int:
     return max(len(cores), 1)
 
 
+def cpu_quota(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPUs' worth of time per period that this process's control group may use (a
+    container's ``--cpus``, a Kubernetes CPU limit, systemd's ``CPUQuota=``), the
+    tightest on its path; None where none is set or none can be read."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2: cpu.max, "max 100000" or "150000 100000"
+            mounts = [root, root / "unified"]
+        elif "cpu" in controllers.split(","):  # cgroup v1
+            mounts = [root / controllers, root / "cpu,cpuacct", root / "cpu"]
+        else:
+            continue
+        for mount in mounts:
+            limits += _quotas_along(mount, path.strip("/"), v2=controllers == "")
+    return min(limits, default=None)
+
+
+def _quotas_along(mount: Path, path: str, v2: bool) -> list[float]:
+    """The quotas set from ``mount/path`` up to ``mount``. Where the path is not under the
+    mount (a container sees its own group as the root), the mount's own."""
+    here = mount / path if (mount / path).is_dir() else mount
+    out = []
+    while True:
+        try:
+            if v2:
+                quota, period = (here / "cpu.max").read_text().split()
+            else:
+                quota = (here / "cpu.cfs_quota_us").read_text().strip()
+                period = (here / "cpu.cfs_period_us").read_text().strip()
+            if quota not in ("max", "-1") and int(period) > 0:
+                out.append(int(quota) / int(period))
+        except (OSError, ValueError):
+            pass
+        if here == mount or here.parent == here:
+            return out
+        here = here.parent
+
+
+def usable_cores() -> int:
+    """The cores this process can keep busy: the physical cores it may run on, no more
+    than its control group's CPU quota, rounded down. A pool wider than the quota spends
+    it early in each period and then stalls whole (at --cpus 1, 4 threads run 25 ms of
+    every 100 and wait the rest), which is a stall in the middle of a first chunk."""
+    quota = cpu_quota()
+    cores = physical_cores()
+    return cores if quota is None else max(1, min(cores, math.floor(quota)))
+
+
 def configure_cpu_threads(threads: int | None = None, *, max_threads: int = DEFAULT_MAX_THREADS) -> int:
     """Set torch's intra-op threads (process-wide) and return the count: ``threads`` when
-    given (pinned), else the physical cores this process may use, at most ``max_threads``,
-    which ``adapt_cpu_threads`` then lowers while other processes keep those cores busy."""
+    given (pinned), else the cores this process can use (``usable_cores``), at most
+    ``max_threads``, which ``adapt_cpu_threads`` then lowers while other processes keep
+    those cores busy."""
     import torch
 
     global _adaptive
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
-    n = threads if threads is not None else max(1, min(physical_cores(), max_threads))
+    n = threads if threads is not None else max(1, min(usable_cores(), max_threads))
     torch.set_num_threads(n)
     _adaptive = None
     if threads is None and n > 1:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from voxwire.engine.threads import DEFAULT_MAX_THREADS, physical_cores
+from voxwire.engine.threads import DEFAULT_MAX_THREADS, usable_cores
 from voxwire.server.config import ServerConfig
 from voxwire.server.limits import SHARED_ADMISSION_ENV, WORKER_INDEX_ENV, SharedAdmission
 
@@ -99,7 +99,7 @@ class RunDir:
 def with_core_share(config: ServerConfig) -> ServerConfig:
     """Each worker's engine takes its share of the cores, unless --threads says otherwise:
     N pools each sized to every core fight over them (2.5-3x slower on 2 cores)."""
-    share = max(1, min(physical_cores(), DEFAULT_MAX_THREADS) // config.workers)
+    share = max(1, min(usable_cores(), DEFAULT_MAX_THREADS) // config.workers)
     engine = dataclasses.replace(config.engine, threads=config.engine.threads or share)
     return dataclasses.replace(config, engine=engine)
 

@@ -200,6 +200,32 @@ def test_settings_come_from_voxwire_variables_and_a_mounted_settings_file(image,
     assert_speech(np.concatenate([f.to_float32() for f in frames]), 16000, words=9)
 
 
+def engine_threads(port: int) -> int:
+    """The engine's CPU threads in its last step, as /metrics gives them."""
+    asyncio.run(synthesize_async(SENTENCE, f"ws://127.0.0.1:{port}/v1/stream"))
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    found = re.search(r"^voxwire_engine_threads (\S+)$", metrics, re.MULTILINE)
+    assert found, metrics[-2000:]
+    return int(float(found.group(1)))
+
+
+def test_the_engine_pool_stays_within_the_container_cpu_quota(image, container):
+    """``--cpus 1.5``: one thread, where the same image without a quota takes two (or more):
+    a pool wider than the quota spends it early in each period and then stalls."""
+    name, port = container
+    wait_healthy(name)
+    unlimited = engine_threads(port)
+    if unlimited < 2:
+        pytest.skip("one usable core: a quota cannot narrow the pool further")
+    port = free_port()
+    limited = start(image, port, "--cpus", "1.5")
+    try:
+        wait_healthy(limited)
+        assert engine_threads(port) == 1
+    finally:
+        remove(limited)
+
+
 def test_podman_stop_drains_an_utterance_in_flight_and_the_server_exits_0(container):
     name, port = container
     wait_healthy(name)

@@ -19,6 +19,7 @@ from voxwire.engine.threads import (
     configure_cpu_threads,
     onnx_session_options,
     physical_cores,
+    usable_cores,
 )
 
 
@@ -30,9 +31,10 @@ def _restore_torch_threads():
     threads_module._adaptive = adaptive
 
 
-def test_the_default_is_the_physical_cores_capped():
+def test_the_default_is_the_usable_cores_capped():
     n = configure_cpu_threads()
-    assert n == min(physical_cores(), 4) and torch.get_num_threads() == n
+    assert n == min(usable_cores(), 4) and torch.get_num_threads() == n
+    assert usable_cores() <= physical_cores()
     assert configure_cpu_threads(max_threads=1) == 1 and torch.get_num_threads() == 1
 
 
@@ -167,3 +169,55 @@ def test_the_clock_reads_this_machines_cpus():
     while clock.own_seconds() < end:  # burn a little CPU: both readings grow
         pass
     assert clock.own_seconds() >= end and clock.busy_seconds() > busy
+
+
+def _cgroup(tmp_path, membership: str, files: dict[str, str]):
+    """A /sys/fs/cgroup and a /proc/self/cgroup made of ``files`` (path: content)."""
+    root = tmp_path / "cgroup"
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(content)
+    (tmp_path / "membership").write_text(membership)
+    return {"root": root, "membership": tmp_path / "membership"}
+
+
+def test_a_cgroup_v2_quota_is_read_and_the_tightest_on_the_path_wins(tmp_path):
+    from voxwire.engine.threads import cpu_quota
+
+    where = _cgroup(tmp_path, "0::/kubepods/pod1/voxwire\n", {
+        "cpu.max": "max 100000\n",
+        "kubepods/cpu.max": "400000 100000\n",
+        "kubepods/pod1/cpu.max": "150000 100000\n",
+        "kubepods/pod1/voxwire/cpu.max": "max 100000\n",
+    })
+    assert cpu_quota(**where) == pytest.approx(1.5)
+    unlimited = _cgroup(tmp_path / "none", "0::/\n", {"cpu.max": "max 100000\n"})
+    assert cpu_quota(**unlimited) is None
+
+
+def test_a_cgroup_v1_quota_is_read_and_a_container_sees_its_own_group_as_the_root(tmp_path):
+    from voxwire.engine.threads import cpu_quota
+
+    # Docker on cgroup v1 without a cgroup namespace: the path names the host's group,
+    # which inside the container is the mount itself.
+    where = _cgroup(tmp_path, "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "50000\n",
+        "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    })
+    assert cpu_quota(**where) == pytest.approx(0.5)
+    unlimited = _cgroup(tmp_path / "none", "3:cpu,cpuacct:/\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    })
+    assert cpu_quota(**unlimited) is None
+    assert cpu_quota(tmp_path / "absent", tmp_path / "absent-membership") is None
+
+
+def test_the_default_pool_stays_within_the_cpu_quota(monkeypatch):
+    monkeypatch.setattr(threads_module, "physical_cores", lambda: 8)
+    monkeypatch.setattr(threads_module, "cpu_quota", lambda: 2.5)
+    assert configure_cpu_threads() == 2 and torch.get_num_threads() == 2  # rounded down: no throttled tail
+    monkeypatch.setattr(threads_module, "cpu_quota", lambda: 0.5)
+    assert configure_cpu_threads() == 1
+    assert configure_cpu_threads(3) == 3  # an exact count is the operator's to choose
+    monkeypatch.setattr(threads_module, "cpu_quota", lambda: None)
+    assert configure_cpu_threads() == 4

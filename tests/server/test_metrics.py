@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from voxwire.engine.precision import resolve
-from voxwire.engine.threads import DEFAULT_MAX_THREADS, WINDOW_S, CpuClock, physical_cores
+from voxwire.engine.threads import DEFAULT_MAX_THREADS, WINDOW_S, CpuClock, usable_cores
 
 from voxwire_client.sync import synthesize_async
 
@@ -64,7 +64,7 @@ async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(piper_se
     """Beside processes that keep every core busy, the engine's steps run on one thread
     (a second would stall at every op's barrier while the OS runs a neighbour), and once
     they stop, on all of them again (engine/threads.py)."""
-    threads = min(physical_cores(), DEFAULT_MAX_THREADS)  # what the engine's default asks for
+    threads = min(usable_cores(), DEFAULT_MAX_THREADS)  # what the engine's default asks for
     if threads < 2:
         pytest.skip("one core: there is no second thread to give way")
     text = "Neighbours are busy. The engine shares the cores. It still speaks in time."
