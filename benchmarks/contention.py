@@ -14,6 +14,10 @@ machine, Voxwire's p95 within 2.5× its quiet p95, and at most wyoming-piper's.
 
     python -m voxwire.benchmarks.contention --rounds 2 --out benchmarks/results/contention
 
+``--engine-only`` measures the floor under it: the engine alone in this process, no
+server and no client, its first step for the same sentences, on one thread, on two, and
+adapting (the server's default), each after the same pause.
+
 Every loop is bounded (rounds × lengths × servers × loads), traffic stays on 127.0.0.1,
 and the neighbours are killed when the bench ends, however it ends.
 """
@@ -104,6 +108,46 @@ async def measure(servers: dict[str, tuple[int, str | None]], loads: list[str], 
     return out
 
 
+ENGINE_THREADS: dict[str, int | None] = {"adaptive": None, "1 thread": 1, "2 threads": 2}
+"""The engine-only policies: the server's default, and each count pinned."""
+
+
+def engine_floor(loads: list[str], rounds: int, lengths: tuple[int, ...], seed: int,
+                 pause_s: float) -> dict[str, dict[str, dict[str, float]]]:
+    """Per load and thread policy, the p50, p95 and max ms of Piper's first step (open, then
+    one step, as the worker runs them) of fresh sentences, each after ``pause_s`` idle."""
+    from voxwire.engine.base import SynthesisParams
+    from voxwire.engine.piper.engine import PiperEngine
+    from voxwire.engine.threads import adapt_cpu_threads
+
+    rng = random.Random(seed)
+    out: dict[str, dict[str, dict[str, float]]] = {load: {} for load in loads}
+    for policy, threads in ENGINE_THREADS.items():
+        engine = PiperEngine(threads=threads)  # sets the process's pool: one policy at a time
+        params = SynthesisParams(voice=engine.voices()[0].id)
+        for text in WARMUP:
+            engine.step([engine.open(text, params)])
+        for load in loads:
+            with neighbours(LOADS[load]):
+                ms = []
+                for _ in range(rounds):
+                    for words in lengths:
+                        time.sleep(pause_s)
+                        start = time.perf_counter()
+                        stream = engine.open(sentence(words, rng), params)
+                        adapt_cpu_threads()
+                        engine.step([stream])
+                        ms.append((time.perf_counter() - start) * 1000)
+                out[load][policy] = {"p50_ms": round(statistics.median(ms), 1), "p95_ms": round(p95(ms), 1),
+                                     "max_ms": round(max(ms), 1)}
+        engine.close()
+    if "quiet" in out:
+        for by_policy in out.values():
+            for row in by_policy.values():
+                row["p95_over_quiet_adaptive"] = round(row["p95_ms"] / out["quiet"]["adaptive"]["p95_ms"], 2)
+    return out
+
+
 def summarise(raw: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for load, by_server in raw.items():
@@ -136,12 +180,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--piper-backend", default="torch", choices=["torch", "onnx"])
     p.add_argument("--servers", nargs="+", choices=["voxwire", "wyoming-piper"], default=["voxwire", "wyoming-piper"])
+    p.add_argument("--voxwire-nice", type=int, default=0, metavar="N",
+                   help="run Voxwire as `nice -n N` would: below 0 (root or CAP_SYS_NICE) measures the "
+                        "share a deployment can give it (README, Beside busy neighbours)")
+    p.add_argument("--engine-only", action="store_true",
+                   help="the engine's first step alone, in this process, per thread policy (no servers)")
     p.add_argument("--out", type=Path, help="a folder for results.json")
     args = p.parse_args(argv)
+    if args.engine_only:
+        floor = engine_floor(args.loads, args.rounds, tuple(args.lengths), args.seed, SETTLE_S)
+        for load, by_policy in floor.items():
+            for policy, row in by_policy.items():
+                ratio = row.get("p95_over_quiet_adaptive")
+                print(f"{load:6} {policy:10} first step p50 {row['p50_ms']:7.1f}  p95 {row['p95_ms']:7.1f}  "
+                      f"max {row['max_ms']:7.1f}" + (f"  p95 / quiet adaptive p95 {ratio}" if ratio else ""))
+        if args.out:
+            save_results(args.out / "results.json", args, engine_floor=floor)
+        return 0
     with contextlib.ExitStack() as stack:
         servers = {}
         if "voxwire" in args.servers:
-            servers["voxwire"] = stack.enter_context(voxwire(args.piper_backend))
+            servers["voxwire"] = stack.enter_context(voxwire(args.piper_backend, args.voxwire_nice))
         if "wyoming-piper" in args.servers:
             servers["wyoming-piper"] = stack.enter_context(wyoming_piper())
         raw = asyncio.run(measure(servers, args.loads, args.rounds, tuple(args.lengths), args.seed))

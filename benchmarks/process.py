@@ -41,10 +41,12 @@ def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: fl
     raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
 
 
-def launch_voxwire(port: int, *args: str) -> subprocess.Popen[bytes]:
-    """``voxwire serve`` on 127.0.0.1:port, starting (see :func:`wait_http`)."""
+def launch_voxwire(port: int, *args: str, nice: int = 0) -> subprocess.Popen[bytes]:
+    """``voxwire serve`` on 127.0.0.1:port, starting (see :func:`wait_http`); ``nice``: run
+    it as ``nice -n NICE`` would (below 0 needs CAP_SYS_NICE, as it does for a user)."""
+    prefix = ["nice", "-n", str(nice)] if nice else []
     return subprocess.Popen(
-        [sys.executable, "-m", "voxwire", "serve", "--host", "127.0.0.1", "--port", str(port),
+        [*prefix, sys.executable, "-m", "voxwire", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--log-level", "warning", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

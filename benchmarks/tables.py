@@ -178,6 +178,17 @@ def contention(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def contention_floor(r: dict[str, Any]) -> list[str]:
+    """benchmarks/contention.py --engine-only: the engine's first step alone, per load
+    and thread policy."""
+    lines = ["| load | engine threads | first step p50 | p95 | max | p95 ÷ quiet adaptive p95 |", "|---|---|---|---|---|---|"]
+    for load, by_policy in r["engine_floor"].items():
+        for policy, s in by_policy.items():
+            lines.append(f"| {load} | {policy} | {s['p50_ms']:.0f} ms | {s['p95_ms']:.0f} ms | {s['max_ms']:.0f} ms "
+                         f"| {s['p95_over_quiet_adaptive']:.2f} |")
+    return lines
+
+
 SERVER_LABELS = {"batched": "batched", "unbatched": "unbatched (--max-batch 1)",
                  "bf16": "bf16 (--precision bf16)", "fp32": "fp32 (--precision fp32)"}
 
@@ -336,6 +347,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "formats": formats,
     "wyoming": wyoming,
     "contention": contention,
+    "contention-floor": contention_floor,
     "batching": batching,
     "quality": lambda r: report.quality_table(r["rows"]),
     "quality-targets": report.quality_targets,

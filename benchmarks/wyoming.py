@@ -60,15 +60,16 @@ async def synthesize(host: str, port: int, text: str, voice: str | None = None) 
 
 
 @contextlib.contextmanager
-def voxwire(piper_backend: str) -> Iterator[tuple[int, str | None]]:
-    """Voxwire with its Wyoming door, no result cache (every answer computed)."""
+def voxwire(piper_backend: str, nice: int = 0) -> Iterator[tuple[int, str | None]]:
+    """Voxwire with its Wyoming door, no result cache (every answer computed), at the
+    scheduling priority ``nice`` (``launch_voxwire``)."""
     wyoming_port = free_port()
     port = free_port()
     proc = launch_voxwire(
         port, "--cache-mb", "0", "--piper-backend", piper_backend, "--wyoming-port", str(wyoming_port),
         # A shared, loaded machine can stretch one step past the default 30 s watchdog,
         # which would replace the worker mid-measurement: measure, do not guard.
-        "--step-timeout", "600",
+        "--step-timeout", "600", nice=nice,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", proc, START_TIMEOUT_S)

@@ -37,3 +37,35 @@ def test_a_tiny_run_measures_both_servers_quiet_and_beside_neighbours(tmp_path):
             assert row["p95_over_quiet_p95"] > 0
         assert by_server["voxwire"]["p95_over_wyoming_piper_p95"] > 0
     assert r["loads"]["quiet"]["voxwire"]["p95_over_quiet_p95"] == 1.0
+
+
+@pytest.mark.slow  # loads the engine three times and spins every core
+@pytest.mark.timeout(600)
+def test_engine_only_steps_the_engine_under_each_thread_policy_and_leaves_no_neighbour(tmp_path):
+    before = children()
+    assert main(["--engine-only", "--rounds", "1", "--lengths", "5", "30", "--loads", "quiet", "busy",
+                 "--out", str(tmp_path)]) == 0
+    assert children() <= before
+    floor = json.loads((tmp_path / "results.json").read_text())["engine_floor"]
+    assert list(floor) == ["quiet", "busy"]
+    for by_policy in floor.values():
+        assert list(by_policy) == ["adaptive", "1 thread", "2 threads"]
+        for row in by_policy.values():
+            assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["max_ms"]
+            assert row["p95_over_quiet_adaptive"] > 0
+    assert floor["quiet"]["adaptive"]["p95_over_quiet_adaptive"] == 1.0
+
+
+def test_voxwire_runs_at_the_scheduling_priority_asked_for():
+    """--voxwire-nice: the server process itself takes the nice value (5 needs no privilege)."""
+    import os
+
+    from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
+
+    port = free_port()
+    proc = launch_voxwire(port, nice=5)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    finally:
+        stop(proc)
