@@ -74,7 +74,10 @@ def cpu_quota(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/pro
         return None
     limits = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)  # hierarchy-ID:controllers:path
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "":  # cgroup v2: cpu.max, "max 100000" or "150000 100000"
             mounts = [root, root / "unified"]
         elif "cpu" in controllers.split(","):  # cgroup v1
@@ -110,8 +113,8 @@ def _quotas_along(mount: Path, path: str, v2: bool) -> list[float]:
 def usable_cores() -> int:
     """The cores this process can keep busy: the physical cores it may run on, no more
     than its control group's CPU quota, rounded down. A pool wider than the quota spends
-    it early in each period and then stalls whole (at --cpus 1, 4 threads run 25 ms of
-    every 100 and wait the rest), which is a stall in the middle of a first chunk."""
+    it early in each period and then stalls whole (at --cpus 1, four busy threads spend
+    the quota in the first quarter of each period), a stall in the middle of a step."""
     quota = cpu_quota()
     cores = physical_cores()
     return cores if quota is None else max(1, min(cores, math.floor(quota)))

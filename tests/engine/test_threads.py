@@ -210,6 +210,10 @@ def test_a_cgroup_v1_quota_is_read_and_a_container_sees_its_own_group_as_the_roo
     })
     assert cpu_quota(**unlimited) is None
     assert cpu_quota(tmp_path / "absent", tmp_path / "absent-membership") is None
+    odd = _cgroup(tmp_path / "odd", "garbage\n3:cpu,cpuacct:/\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    })
+    assert cpu_quota(**odd) == pytest.approx(2.0)  # a line it cannot read is passed over
 
 
 def test_the_default_pool_stays_within_the_cpu_quota(monkeypatch):
