@@ -81,7 +81,8 @@ def cpu_quota(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/pro
         if controllers == "":  # cgroup v2: cpu.max, "max 100000" or "150000 100000"
             mounts = [root, root / "unified"]
         elif "cpu" in controllers.split(","):  # cgroup v1
-            mounts = [root / controllers, root / "cpu,cpuacct", root / "cpu"]
+            # Named as listed, or as distributions mount it: each folder read once.
+            mounts = list(dict.fromkeys([root / controllers, root / "cpu,cpuacct", root / "cpu"]))
         else:
             continue
         for mount in mounts:

@@ -5,11 +5,13 @@ text fresh, and no neighbour left running. No timing is checked here."""
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
 
 from voxwire.benchmarks.contention import main, sentence
+from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from tests.fixtures.processes import children
 
 
@@ -58,10 +60,6 @@ def test_engine_only_steps_the_engine_under_each_thread_policy_and_leaves_no_nei
 
 def test_voxwire_runs_at_the_scheduling_priority_asked_for():
     """--voxwire-nice: the server process itself takes the nice value (5 needs no privilege)."""
-    import os
-
-    from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
-
     port = free_port()
     proc = launch_voxwire(port, nice=5)
     try:
