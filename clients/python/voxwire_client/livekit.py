@@ -21,7 +21,12 @@ How LiveKit's model maps onto Voxwire's:
 - Audio is 16-bit PCM at the plugin's ``sample_rate``, resampled by the server. Word
   timings (``TimedString``) come with it when the server has them
   (``ready.features.timestamps``); ``capabilities.aligned_transcript`` turns false on
-  the first connection to a server without them.
+  the first connection to a server without them. Each ``TimedString`` is a slice of the
+  text as it was pushed (a word with its punctuation and the space before it): LiveKit
+  joins them into the transcript and the chat history, which then read as the text was
+  written, where the server's words alone carry no punctuation.
+- The socket's messages are paced under the server's message rate (``ready.limits``):
+  tokens of streams that would go over it are joined into fewer messages.
 - Failures are the framework's errors, so its retries (``conn_options``) apply: a dropped
   or refused connection is ``APIConnectionError``, a wrong API key ``APIStatusError``
   401, and a server ``error`` an ``APIStatusError`` whose message starts with its code.
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -176,7 +182,7 @@ class TTS(tts.TTS):
                     # No progress reports: the frames are taken as fast as they come, so
                     # reports would bound nothing and would spend the connection's message
                     # rate, which the tokens of every stream on it share.
-                    connecting = Client.connect(self._url, api_key=self._api_key, report_progress=False)
+                    connecting = Client.connect(self._url, api_key=self._api_key, report_progress=False, pace=True)
                     self._client = await asyncio.wait_for(connecting, timeout)
                 if not self._client.ready.get("features", {}).get("timestamps"):
                     self._capabilities = tts.TTSCapabilities(streaming=True, aligned_transcript=False)
@@ -230,7 +236,7 @@ class ChunkedStream(tts.ChunkedStream):
         with self._tts._errors(client):
             utterance = await client.speak(self._input_text, ctx=ctx, final=True, **settings)
             try:
-                await _pump(utterance, output_emitter)
+                await _pump(utterance, output_emitter, _Transcript(self._input_text))
             finally:
                 await _stop(utterance)
 
@@ -253,6 +259,7 @@ class SynthesizeStream(tts.SynthesizeStream):
             # Opened before the first token, with the settings only a first message may carry.
             utterance = await client.speak("", ctx=ctx, final=False, **self._tts._settings(self._opts, client))
         output_emitter.start_segment(segment_id=ctx)
+        transcript = _Transcript()
 
         async def send_text() -> None:
             unflushed = False
@@ -264,6 +271,7 @@ class SynthesizeStream(tts.SynthesizeStream):
                     unflushed = False
                     continue
                 self._mark_started()
+                transcript.add(data)
                 await utterance.send(data)
                 unflushed = True
             await utterance.send("", final=True)
@@ -271,30 +279,72 @@ class SynthesizeStream(tts.SynthesizeStream):
         sender = asyncio.create_task(send_text())
         try:
             with self._tts._errors(client):
-                await asyncio.gather(sender, _pump(utterance, output_emitter))
+                await asyncio.gather(sender, _pump(utterance, output_emitter, transcript))
             output_emitter.end_segment()
         finally:
             await utils.aio.cancel_and_wait(sender)
             await _stop(utterance)
 
 
-async def _pump(utterance: Utterance, emitter: tts.AudioEmitter) -> None:
+class _Transcript:
+    """One utterance's text as it was pushed, handed back a slice at a time as the server
+    times its words. The server's words are written words without their punctuation
+    ("nine" for "nine,"): LiveKit joins the TimedStrings into the transcript and the chat
+    history, so each carries its stretch of the text itself, from the end of the last one
+    to the end of its word and the punctuation after it. Joined, they are the text."""
+
+    SKIPPABLE = 2
+    """Words of the text that may go by untimed before a timed word is taken to be one
+    the server wrote differently, and left for the text's end."""
+
+    def __init__(self, text: str = "") -> None:
+        self.text = text
+        self._at = 0  # how much of the text has been handed back
+
+    def add(self, text: str) -> None:
+        self.text += text
+
+    def timed(self, word: str, start: float, end: float) -> TimedString | None:
+        """The stretch of text that ends with ``word``, timed as it; None if the word is not
+        found just ahead (its text then goes with the next word that is)."""
+        found = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE).search(self.text, self._at)
+        if found is None or len(re.findall(r"\w+", self.text[self._at : found.start()])) > self.SKIPPABLE:
+            return None
+        stop = found.end()
+        while stop < len(self.text) and not self.text[stop].isspace():
+            stop += 1  # a word's punctuation is spoken with it
+        piece, self._at = self.text[self._at : stop], stop
+        return TimedString(piece, start_time=start, end_time=end)
+
+    def rest(self, at: float) -> TimedString | None:
+        """What no timed word has taken (a closing quote, a word the server wrote
+        differently), once the whole utterance has been spoken."""
+        piece, self._at = self.text[self._at :], len(self.text)
+        return TimedString(piece, start_time=at, end_time=at) if piece else None
+
+
+async def _pump(utterance: Utterance, emitter: tts.AudioEmitter, transcript: _Transcript) -> None:
     """An utterance's audio and word timings into the framework's emitter, until it ends."""
+    seconds = 0.0
+    # Without word timings (CosyVoice2), LiveKit builds the transcript from the text itself.
+    timed_words = bool(utterance.client.ready.get("features", {}).get("timestamps"))
     async for item in utterance:
         if isinstance(item, Audio):
             emitter.push(item.data)
+            seconds += item.samples / item.sample_rate
         elif item.type == "timestamps":
             # Times are from the utterance's first sample: the segment's own timeline.
-            emitter.push_timed_transcript(
-                [TimedString(f"{w['word']} ", start_time=w["start_ms"] / 1000, end_time=w["end_ms"] / 1000)
-                 for w in item["words"]]
-            )
+            timed = [transcript.timed(w["word"], w["start_ms"] / 1000, w["end_ms"] / 1000) for w in item["words"]]
+            if found := [t for t in timed if t is not None]:
+                emitter.push_timed_transcript(found)
         elif item.type == "flushed":
             emitter.flush()  # the audio before the flush is all here: let its tail go too
         elif item.type == "error":
             # Not terminal on the server, but some of our text was refused: the speech
             # would not be what was asked.
             raise ServerError(item["code"], item["message"], utterance.ctx)
+        elif item.type == "done" and timed_words and (rest := transcript.rest(seconds)) is not None:
+            emitter.push_timed_transcript(rest)
 
 
 async def _stop(utterance: Utterance) -> None:

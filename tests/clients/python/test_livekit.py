@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -15,11 +15,14 @@ import pytest
 pytest.importorskip("livekit.agents")
 
 from livekit import rtc
-from livekit.agents import APIConnectionError, APIConnectOptions, APIStatusError
+from livekit.agents import Agent, AgentSession, APIConnectionError, APIConnectOptions, APIStatusError
+from livekit.agents.llm import ChatMessage
 from livekit.agents.tts import SynthesizedAudio
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+from livekit.agents.voice import io
 
 from voxwire.server.config import AuthConfig, ServerConfig
+from voxwire.server.limits import Limits
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import WORD_SECONDS, ToneEngine
 from tests.server.test_metrics import scrape
@@ -88,7 +91,7 @@ async def test_tokens_at_llm_pace_flush_and_end_give_speech_and_word_timings(pip
     stream.flush()
     # Nothing follows the last sentence's full stop, so the server speaks it for the
     # flush alone: its last word is timed before the input has ended.
-    await until(lambda: [t.strip() for t in timed(events)][-1:] == ["waits"])
+    await until(lambda: words("".join(timed(events)))[-1:] == ["waits"])
     stream.end_input()
     await asyncio.wait_for(reader, 30)
     await tts.aclose()
@@ -98,12 +101,60 @@ async def test_tokens_at_llm_pace_flush_and_end_give_speech_and_word_timings(pip
     audio = samples([ev.frame for ev in events])
     assert_speech(audio, rate, words=len(words(SEVERAL)))
     spoken = timed(events)
-    assert [t.strip() for t in spoken] == words(SEVERAL)
+    # One word each, with its own punctuation and spacing: joined, they are the text.
+    assert [words(t) for t in spoken] == [[w] for w in words(SEVERAL)]
+    assert "".join(spoken) == SEVERAL
     starts = [t.start_time for t in spoken]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)
     assert all(t.start_time < t.end_time for t in spoken)
     # The last word ends just before the audio does: the frames are at the rate they say.
     assert 0 < audio.size / rate - spoken[-1].end_time < 0.5
+
+
+class Speaker(io.AudioOutput):
+    """An AgentSession's audio output that plays each segment at once, in full."""
+
+    def __init__(self) -> None:
+        super().__init__(label="speaker", capabilities=io.AudioOutputCapabilities(pause=False))
+        self.frames: list[rtc.AudioFrame] = []
+        self._segment = 0.0
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        self.frames.append(frame)
+        self._segment += frame.duration
+
+    def flush(self) -> None:
+        super().flush()
+        self.on_playback_finished(playback_position=self._segment, interrupted=False)
+        self._segment = 0.0
+
+    def clear_buffer(self) -> None:
+        pass
+
+
+async def test_an_agent_sessions_aligned_transcript_keeps_the_texts_punctuation(piper_server):
+    # The trial's session: with use_tts_aligned_transcript=True, as docs/integrations.md
+    # recommends, the chat history read "Sure the museum opens at nine and the guided
+    # tours start at ten Tickets cost…": the server's words, without their punctuation.
+    answer = 'Sure, the museum opens at nine, and the guided tours start at ten. Tickets cost $12 ("adults").'
+    tts = TTS(url=piper_server.ws)
+    session = AgentSession(tts=tts, use_tts_aligned_transcript=True)
+    speaker = Speaker()
+    session.output.audio = speaker
+    await session.start(Agent(instructions="Answer visitors' questions."))
+
+    async def llm() -> AsyncIterator[str]:
+        for token in tokens(answer):
+            yield token
+            await asyncio.sleep(0.05)  # 20 tokens a second
+
+    await asyncio.wait_for(session.say(llm()), 30)
+    said = [m for m in session.history.items if isinstance(m, ChatMessage) and m.role == "assistant"]
+    await session.aclose()
+    await tts.aclose()
+    assert [m.text_content for m in said] == [answer]
+    assert_speech(samples(speaker.frames), 24000, words=len(words(answer)))
 
 
 async def test_aclose_mid_utterance_cancels_it_on_the_server(piper_server):
@@ -186,13 +237,41 @@ async def test_several_streams_share_one_socket_two_at_once(piper_server):
     (a, a_first, a_last), (b, b_first, b_last) = await asyncio.gather(run(SEVERAL), run(other))
     assert tts._client is client  # one connection throughout
     # Each stream has its own utterance's words, and the two were spoken at the same time.
-    assert [t.strip() for t in timed(first)] == words(SENTENCE)
-    assert [t.strip() for t in timed(a)] == words(SEVERAL)
-    assert [t.strip() for t in timed(b)] == words(other)
+    assert "".join(timed(first)) == SENTENCE
+    assert "".join(timed(a)) == SEVERAL
+    assert "".join(timed(b)) == other
     assert a_first < b_last and b_first < a_last
     assert_speech(samples([ev.frame for ev in a]), 24000, words=len(words(SEVERAL)))
     assert_speech(samples([ev.frame for ev in b]), 24000, words=len(words(other)))
     await tts.aclose()
+
+
+async def test_eight_streams_at_llm_pace_on_one_socket_stay_under_its_message_rate():
+    # The trial's eight LLM streams on one socket, at 20 tokens a second, were rate_limited
+    # from 3.3 s on (160 messages a second against 100). Scaled down: this server allows
+    # 40 a second, so the streams' tokens are four times over from the first second.
+    limits = Limits(messages_per_second=40, message_burst=40)
+    with run_server(ServerConfig(limits=limits, cache_mb=0), engine=ToneEngine) as server:
+        tts = TTS(url=server.ws)
+        text = " ".join(["word"] * 40) + "."
+
+        async def llm_stream() -> float:
+            stream = tts.stream(conn_options=NO_RETRY)  # a rate_limited error fails it
+
+            async def write() -> None:
+                for token in tokens(text):
+                    stream.push_text(token)
+                    await asyncio.sleep(0.05)
+                stream.end_input()
+
+            writer = asyncio.create_task(write())
+            seconds = sum([ev.frame.duration async for ev in stream])
+            await writer
+            return seconds
+
+        spoken = await asyncio.wait_for(asyncio.gather(*(llm_stream() for _ in range(8))), 60)
+        await tts.aclose()
+    assert spoken == pytest.approx([40 * WORD_SECONDS] * 8, abs=0.02)  # every word of every stream
 
 
 @pytest.fixture(scope="module")
