@@ -3,10 +3,11 @@
     python -m voxwire.benchmarks.soak --clients 32 --duration 60 [--json out.json]
 
 It starts a server of its own on 127.0.0.1 (or uses --url, with --pid for the readings),
-warms it up, takes a baseline of the server's RSS, threads, open file descriptors and
-event-loop tasks, runs the clients for a fixed time, lets the server settle, and checks
-that every reading returned to its baseline. Traffic goes to loopback only, and every
-loop is bounded in count and time. Exit status 1 means a leak or a lost utterance.
+warms it up (every batch width, then the soak's own load), takes a baseline of the
+server's RSS, threads, open file descriptors and event-loop tasks, runs the clients for a
+fixed time, lets the server settle, and checks that every reading returned to its
+baseline. Traffic goes to loopback only, and every loop is bounded in count and time.
+Exit status 1 means a leak or a lost utterance.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ CORPUS = [
     "Turn left in two hundred meters, then continue straight.",
     "Streaming speech starts at once. The rest follows while the listener hears the first words.",
 ]
+BATCH_WIDTH = 8
+"""The most utterances one engine step advances: Piper's batch size on a CPU (its
+``CPU_MAX_BATCH``; tests/benchmarks/test_soak.py checks that they agree)."""
+PREWARM_TEXT = CORPUS[-1]
+"""What each pre-warm burst speaks: the longest entry, two sentences, so every kind of
+window (a first piece, the steady ones, a sentence's last, a second segment's start)."""
 
 
 @dataclass
@@ -54,6 +61,9 @@ class SoakResult:
     served: int = 0
     cancels: int = 0
     disconnects: int = 0
+    refused: int = 0
+    """Utterances refused ``overloaded`` (the worker could not keep up): the server's
+    answer under a load past its cores, which the client waits out (``retry_after_ms``)."""
     unexpected: list[str] = field(default_factory=list)
     baseline: Readings | None = None
     peak_rss_mb: float = 0.0
@@ -64,7 +74,8 @@ class SoakResult:
 
     @property
     def ok(self) -> bool:
-        return not self.leaks and not self.unexpected and self.started == self.served + self.cancels + self.disconnects
+        ended = self.served + self.cancels + self.disconnects + self.refused
+        return not self.leaks and not self.unexpected and self.started == ended
 
 
 async def read_process(pid: int, http: str) -> Readings:
@@ -111,6 +122,10 @@ async def _client(url: str, deadline: float, rng: random.Random, result: SoakRes
                 if event["type"] == "cancelled":
                     result.cancels += 1
                     break
+                if event["type"] == "error" and event["code"] == "overloaded":
+                    result.refused += 1
+                    await asyncio.sleep(event["retry_after_ms"] / 1000)
+                    break
                 if event["type"] == "error":
                     result.unexpected.append(f"{event['code']}: {event['message']}")
                     break
@@ -121,13 +136,57 @@ async def _client(url: str, deadline: float, rng: random.Random, result: SoakRes
                 await ws.close()
 
 
+async def prewarm(url: str, widths: int = BATCH_WIDTH, text: str = PREWARM_TEXT) -> None:
+    """Bursts of 1, 2, ... ``widths`` utterances of ``text`` that start together, so that
+    each burst is one batch of that width from its first step to its last."""
+    for width in range(1, widths + 1):
+        sockets = [await websockets.connect(url, open_timeout=30) for _ in range(width)]
+        try:
+            for ws in sockets:
+                await asyncio.wait_for(ws.recv(), 30)  # ready
+            # Sent together, after every socket is ready: the worker gathers a burst into one step.
+            await asyncio.gather(*(_computed(ws, f"warm-{width}", text) for ws in sockets))
+        finally:
+            await asyncio.gather(*(ws.close() for ws in sockets))
+
+
+async def _computed(ws: websockets.ClientConnection, ctx: str, text: str) -> None:
+    """Speak ``text`` and read to its end, computed even if the result cache holds it: a
+    streamed utterance (``final: false``, then its end) is never replayed from the cache,
+    and ``first_clause_words: 0`` cuts it into the same segments as a whole text."""
+    await ws.send(orjson.dumps({"type": "speak", "ctx": ctx, "text": text, "final": False,
+                                "first_clause_words": 0}).decode())
+    await ws.send(orjson.dumps({"type": "speak", "ctx": ctx, "text": "", "final": True}).decode())
+    while True:
+        m = await asyncio.wait_for(ws.recv(), 120)
+        if isinstance(m, str) and (event := orjson.loads(m))["type"] in ("done", "error"):
+            if event["type"] == "error":
+                raise RuntimeError(f"pre-warm: {event['code']}: {event['message']}")
+            return
+
+
 async def soak(
-    url: str, http: str, pid: int, clients: int, duration: float, warmup: float, seed: int, rss_tolerance_mb: float
+    url: str, http: str, pid: int, clients: int, duration: float, warmup: float, seed: int, rss_tolerance_mb: float,
+    prewarm_widths: int = BATCH_WIDTH,
 ) -> SoakResult:
     rng = random.Random(seed)
-    # Warm-up at the soak's own load: allocator arenas and oneDNN's kernels for every batch
-    # width reach their working size before the baseline. A lighter warm-up (4 clients) left
-    # the wider batches' first use inside the measured window, where it read as a leak.
+    # Which of oneDNN's kernels (each with its scratchpad, kept in its primitive cache) and
+    # how much of the allocator's arenas exist at the baseline must not depend on chance:
+    # whatever the measured window meets first reads as growth, and a run whose traffic
+    # happened to meet new shapes late once failed CI's RSS bound. Random traffic cannot
+    # cover them: which utterances share a step, and so the batch widths, are the timing's
+    # choice. So first a pre-warm, each batch width in turn, 1 to the engine's batch size,
+    # in lock step from first window to last: every width's kernels, for first pieces of
+    # both lengths (a step starting enough newcomers makes longer ones), the steady windows
+    # and a sentence's end, and the widest step's memory. A longer warm-up would only
+    # make meeting them likelier, at the cost of its length on every run.
+    if prewarm_widths:
+        await prewarm(url, prewarm_widths)
+        await _settle(http)
+    # Then the soak's own load: the rest of what it meets (segments' ends, whose widths
+    # vary with each utterance's durations, and mixed batches), and the allocator's arenas
+    # at their working size. A lighter warm-up (4 clients) left the wider batches' first
+    # use inside the measured window, where it read as a leak.
     warm = SoakResult(clients=clients, duration_s=warmup)
     end = time.monotonic() + warmup
     await asyncio.gather(*(_client(url, end, random.Random(rng.random()), warm) for _ in range(clients)))

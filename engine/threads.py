@@ -21,8 +21,9 @@ stayed at 0.09 s). Waiting passively at the barrier (OMP_WAIT_POLICY=PASSIVE) av
 worst of it but makes every step on a quiet machine ~40% slower. So the default count is
 not fixed: ``adapt_cpu_threads``, called before each engine step, gives the pool only the
 cores that other processes left idle (``AdaptiveThreads``), measured from the kernel's
-CPU accounting over the last tenth of a second (``CpuShare``). An exact ``threads`` pins
-the count.
+CPU accounting over the last tenth of a second (``CpuShare``), and under a CPU quota no
+more than the quota leaves after the other processes of its control group. An exact
+``threads`` pins the count.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,15 +66,47 @@ def physical_cores() -> int:
     return max(len(cores), 1)
 
 
+@dataclass(frozen=True)
+class CpuQuota:
+    """A control group's CPU quota: ``cpus`` CPUs' worth of time per period, set on
+    ``group`` (its folder under the cgroup mount), shared by every process under it."""
+
+    cpus: float
+    group: Path
+    v2: bool
+
+    def used_seconds(self) -> float | None:
+        """CPU seconds the group's processes have run, this one's included (cgroup v2's
+        ``cpu.stat``, v1's ``cpuacct.usage`` where cpuacct is mounted with cpu); None
+        where neither can be read."""
+        try:
+            if not self.v2:
+                return int((self.group / "cpuacct.usage").read_text()) / 1e9
+            for line in (self.group / "cpu.stat").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "usage_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None
+
+
 def cpu_quota(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> float | None:
     """The CPUs' worth of time per period that this process's control group may use (a
     container's ``--cpus``, a Kubernetes CPU limit, systemd's ``CPUQuota=``), the
     tightest on its path; None where none is set or none can be read."""
+    limit = cpu_limit(root, membership)
+    return None if limit is None else limit.cpus
+
+
+def cpu_limit(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> CpuQuota | None:
+    """The tightest CPU quota on this process's control group's path, and the group it
+    is set on (``cpu_quota``); None where none is set or none can be read."""
     try:
         lines = membership.read_text().splitlines()
     except OSError:
         return None
-    limits = []
+    limits: list[CpuQuota] = []
     for line in lines:
         fields = line.split(":", 2)  # hierarchy-ID:controllers:path
         if len(fields) != 3:
@@ -87,10 +121,10 @@ def cpu_quota(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/pro
             continue
         for mount in mounts:
             limits += _quotas_along(mount, path.strip("/"), v2=controllers == "")
-    return min(limits, default=None)
+    return min(limits, key=lambda q: q.cpus, default=None)
 
 
-def _quotas_along(mount: Path, path: str, v2: bool) -> list[float]:
+def _quotas_along(mount: Path, path: str, v2: bool) -> list[CpuQuota]:
     """The quotas set from ``mount/path`` up to ``mount``. Where the path is not under the
     mount (a container sees its own group as the root), the mount's own."""
     here = mount / path if (mount / path).is_dir() else mount
@@ -103,7 +137,7 @@ def _quotas_along(mount: Path, path: str, v2: bool) -> list[float]:
                 quota = (here / "cpu.cfs_quota_us").read_text().strip()
                 period = (here / "cpu.cfs_period_us").read_text().strip()
             if quota not in ("max", "-1") and int(period) > 0:
-                out.append(int(quota) / int(period))
+                out.append(CpuQuota(int(quota) / int(period), here, v2))
         except (OSError, ValueError):
             pass
         if here == mount or here.parent == here:
@@ -135,10 +169,19 @@ def configure_cpu_threads(threads: int | None = None, *, max_threads: int = DEFA
     torch.set_num_threads(n)
     _adaptive = None
     if threads is None and n > 1:
-        share = _cpu_share()
-        _adaptive = AdaptiveThreads(n, _set_torch_threads, lambda: share.others, share.clock.runnable_elsewhere,
-                                    cores=max(n, len(share.clock.cpus)))
+        _adaptive = adaptive_threads(n, _cpu_share(), _set_torch_threads)
     return n
+
+
+def adaptive_threads(n: int, share: CpuShare, apply: Callable[[int], None]) -> AdaptiveThreads:
+    """The policy for a pool of up to ``n`` threads, read from ``share``: the CPUs this
+    process may run on, and, under a quota, the quota's CPUs (no more than those CPUs)."""
+    cores = len(share.clock.cpus)
+    quota = share.clock.quota
+    return AdaptiveThreads(
+        n, apply, lambda: share.others, share.clock.runnable_elsewhere, cores=max(n, cores),
+        quota=None if quota is None else min(cores, quota.cpus), others_in_quota=lambda: share.others_in_quota,
+    )
 
 
 def adapt_cpu_threads() -> int:
@@ -159,12 +202,19 @@ def _set_torch_threads(n: int) -> None:
 class CpuClock:
     """Where the CPU time went: on the CPUs this process may run on, the time every
     process used (the kernel's per-CPU lines in /proc/stat, steal included: a
-    hypervisor's other guests take cores too), and this process's own."""
+    hypervisor's other guests take cores too), this process's own, and under a CPU
+    quota, its control group's (``quota``, the tightest on its path)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quota: CpuQuota | None = None) -> None:
         self._ticks = os.sysconf("SC_CLK_TCK")
         self.cpus = _usable_cpus()
         self._names = {f"cpu{i}".encode() for i in self.cpus}
+        self.quota = quota
+
+    def quota_seconds(self) -> float | None:
+        """CPU seconds the quota's group has run (``CpuQuota.used_seconds``); None
+        without a quota, or where its accounting cannot be read."""
+        return None if self.quota is None else self.quota.used_seconds()
 
     def busy_seconds(self) -> float | None:
         """CPU seconds all processes have run on our CPUs since boot; None where
@@ -225,20 +275,28 @@ class CpuShare:
     the whole idle gap before a first step, and count a neighbour long gone."""
 
     def __init__(self, clock: CpuClock | None = None, now: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock or CpuClock()
+        self.clock = clock or CpuClock(cpu_limit())
         self.others = 0.0
+        self.others_in_quota: float | None = None
+        """Cores the other processes of the quota's group used: under a quota they spend
+        it as this process does, wherever on the machine they run. None without a quota,
+        or where the group's accounting cannot be read."""
         self._now = now
-        self._last: tuple[float, float, float] | None = None
+        self._last: tuple[float, float | None, float, float | None] | None = None
 
     def sample(self) -> float:
         """Read the accounting, and return the cores others used since the last reading."""
         now, busy, own = self._now(), self.clock.busy_seconds(), self.clock.own_seconds()
-        if busy is None:
+        group = self.clock.quota_seconds()
+        last, self._last = self._last, (now, busy, own, group)
+        if last is None or now <= last[0]:
             return self.others
-        if self._last is not None and now > self._last[0]:
-            at, busy0, own0 = self._last
+        at, busy0, own0, group0 = last
+        if busy is not None and busy0 is not None:
             self.others = max(0.0, ((busy - busy0) - (own - own0)) / (now - at))
-        self._last = (now, busy, own)
+        self.others_in_quota = (
+            None if group is None or group0 is None else max(0.0, ((group - group0) - (own - own0)) / (now - at))
+        )
         return self.others
 
     def start(self) -> CpuShare:
@@ -261,32 +319,54 @@ class AdaptiveThreads:
     one, which keeps running where a second would stall every op's barrier. This
     process's own threads (the event loop, encoders) are not counted as others: they
     compete for the cores anyway, and counting them would shrink the pool whenever the
-    server itself is busy."""
+    server itself is busy.
+
+    Under a CPU quota (``quota``, in CPUs) the pool also gets no more than the quota
+    leaves after the other processes of its control group (``others_in_quota``): they
+    spend the same quota, and a pool wider than what is left of it stalls whole once
+    the period's quota is spent. Processes outside the group count only against the
+    machine's cores: they have quotas of their own. Where the group's use is unknown,
+    every other process counts against the quota."""
 
     def __init__(self, max_threads: int, apply: Callable[[int], None], others: Callable[[], float],
-                 runnable_elsewhere: Callable[[], int | None], cores: int) -> None:
-        self.max_threads, self.cores = max_threads, cores
+                 runnable_elsewhere: Callable[[], int | None], cores: int, quota: float | None = None,
+                 others_in_quota: Callable[[], float | None] = lambda: None) -> None:
+        self.max_threads, self.cores, self.quota = max_threads, cores, quota
         self.current = max_threads
         self.changes = 0
         self._apply, self._others, self._runnable_elsewhere = apply, others, runnable_elsewhere
+        self._others_in_quota = others_in_quota
 
     def _fit(self, free: float) -> int:
         return max(1, min(self.max_threads, int(free + 0.5)))
 
+    def _free(self, others: float, in_quota: float | None) -> float:
+        """Cores left to this process: the machine's less ``others``, and under a quota
+        no more than the quota less ``in_quota`` (its group's others; all, if unknown)."""
+        free = self.cores - others
+        if self.quota is not None:
+            free = min(free, self.quota - (others if in_quota is None else in_quota))
+        return free
+
     def threads_now(self) -> int:
         """Called on the thread that runs the steps: OpenMP's thread count is its own."""
         others = self._others()
-        wanted = self._fit(self.cores - others)
+        in_quota = self._others_in_quota() if self.quota is not None else None
+        wanted = self._fit(self._free(others, in_quota))
         if wanted < self.max_threads:
             # The window is the recent past: a neighbour that has just stopped (the
             # client that sent this text, an ASR pass) left it busy, yet waits now. Only
-            # threads runnable at this moment can stall this step's barriers.
+            # threads runnable at this moment can stall this step's barriers. Which of
+            # them are in the quota's group is not known: each counts against it.
             now = self._runnable_elsewhere()
             if now is not None:
-                wanted = max(wanted, self._fit(self.cores - now))
+                wanted = max(wanted, self._fit(self._free(now, now)))
         if wanted != self.current:
-            log.info("other processes used %.1f of %d cores: engine threads %d -> %d",
-                     others, self.cores, self.current, wanted)
+            within = "" if self.quota is None else (
+                f" ({'?' if in_quota is None else f'{in_quota:.1f}'} of its quota of {self.quota:.1f})"
+            )
+            log.info("other processes used %.1f of %d cores%s: engine threads %d -> %d",
+                     others, self.cores, within, self.current, wanted)
             self._apply(wanted)
             self.current, self.changes = wanted, self.changes + 1
         return self.current

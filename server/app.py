@@ -69,7 +69,7 @@ def _service_routes(service: Service) -> list[BaseRoute]:
     async def voices_route(request: Request) -> Response:
         if not auth.presents_valid_key(service.config.auth, request.headers, request.query_params):
             return JSONResponse(
-                {"error": {"code": "unauthorized", "message": "a valid API key is required"}},
+                {"error": {"code": "unauthorized", "message": auth.HTTP_KEY_REFUSED}},
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )

@@ -21,6 +21,9 @@ TOKEN_SUBPROTOCOL_PREFIX = "voxwire.token."
 # fit a WebSocket close frame (123 bytes).
 KEY_REFUSED = "a valid API key is required: send Authorization: Bearer KEY, ?token=KEY or subprotocol voxwire.token.KEY"
 ORIGIN_REFUSED = "origin not allowed"
+# The 401's message on the HTTP routes (/v1/voices, /v1/audio/speech), which read the
+# key from the header or the query: the one line a refused client sees, so it says how.
+HTTP_KEY_REFUSED = "a valid API key is required: send Authorization: Bearer KEY (or ?token=KEY)"
 
 
 def presented_key(headers: Mapping[str, str], query: Mapping[str, str], subprotocols: Sequence[str]) -> str | None:

@@ -14,9 +14,17 @@ from typing import Any
 import msgpack
 import orjson
 
-from voxwire.engine.errors import CodedError
+from voxwire.engine.errors import CodedError, quoted
 from voxwire.engine.text.segment import SegmenterLimits
-from voxwire.server.audio import FORMATS, MAX_CHUNK_MS, MAX_SAMPLE_RATE, MIN_CHUNK_MS, MIN_SAMPLE_RATE
+from voxwire.server.audio import (
+    FORMATS,
+    MAX_CHUNK_MS,
+    MAX_SAMPLE_RATE,
+    MIN_CHUNK_MS,
+    MIN_SAMPLE_RATE,
+    FormatError,
+    stream_rate,
+)
 
 PROTOCOL_VERSION = 1
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
@@ -56,7 +64,16 @@ class StreamSettings:
     precede it, before the first sentence has ended; 0 waits for the sentence's end."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The settings as a client is told them (``ready.defaults``, ``configured``,
+        ``started``): ``sample_rate`` is the rate the stream will be sent at, which a codec
+        with a rate of its own decides (Opus: 48 kHz, whatever was asked). The rate asked
+        is kept, not replaced: a later switch to PCM is spoken at it again."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        try:
+            shown["sample_rate"] = stream_rate(self.format, self.sample_rate)
+        except FormatError:
+            pass  # refused when an utterance asks for it (the pipeline says why); shown as asked
+        return shown
 
 
 SETTING_NAMES = frozenset(f.name for f in fields(StreamSettings))
@@ -141,7 +158,7 @@ def parse(data: str | bytes) -> Message:
         e.ctx = e.ctx or ctx
         e.message_type = kind
         raise
-    raise ProtocolError("unknown_type", f"unknown message type {kind!r}", ctx)
+    raise ProtocolError("unknown_type", f"unknown message type {quoted(str(kind))}", ctx)
 
 
 def _decode(data: str | bytes) -> Any:
@@ -167,7 +184,7 @@ def _decode(data: str | bytes) -> Any:
 def _only(obj: dict[str, Any], allowed: set[str] | frozenset[str]) -> None:
     extra = sorted(k for k in obj if k not in allowed)
     if extra:
-        raise ProtocolError("unknown_field", f"unknown field {extra[0]!r} in a {obj['type']!r} message")
+        raise ProtocolError("unknown_field", f"unknown field {quoted(extra[0])} in a {quoted(str(obj['type']))} message")
 
 
 def _ctx(obj: dict[str, Any], required: bool) -> str | None:

@@ -36,7 +36,7 @@ from voxwire.server import config_loader
 from voxwire.server.app import create_app
 from voxwire.server.config import ServerConfig
 from voxwire.server.limits import WORKER_INDEX_ENV, worker_index
-from voxwire.server.logs import process_fields
+from voxwire.server.logs import configure_logging, process_fields
 from voxwire.server.metrics import Metrics
 from voxwire.server.service import Service
 
@@ -88,11 +88,16 @@ class Voxwire:
         # names it in log lines and is its metrics' ``worker`` label; the replica id is the
         # ``replica`` label above. Set before the app is built: the service reads it then.
         index = replica_index(context)
+        if index is not None:
+            os.environ[WORKER_INDEX_ENV] = str(index)
+        # As ``voxwire serve`` and each ``--workers`` process do, before the first line:
+        # Ray configures only its own loggers, so without this Voxwire's lines (and
+        # uvicorn's, where a replica serves HTTP itself) reach Ray's logs through Python's
+        # last-resort handler, unformatted and with no credential redacted.
+        configure_logging(self._config.log_level, self._config.log_format)
         if index is None:
             log.warning("Ray gives replica %s no rank: its log lines and metrics carry no worker index of "
                         "their own", context.replica_id.unique_id)
-        else:
-            os.environ[WORKER_INDEX_ENV] = str(index)
         self._metrics_port = metrics_port
         self._exporter: MetricsExporter | None = None
         self._drainer: asyncio.Task[None] | None = None

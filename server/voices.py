@@ -48,17 +48,31 @@ def error(code: str, message: str, status: int | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status or _STATUS.get(code, 400))
 
 
+UNKNOWN_FRAMES = 2**63 - 1
+"""libsndfile's frame count (SF_COUNT_MAX) for a stream whose header does not give its
+length: a streamed FLAC, whose STREAMINFO says 0 samples (Voxwire's own FLAC output)."""
+STREAMED_WAV_SIZES = (0, 0xFFFFFFFF)
+"""What a WAV written as a stream puts in its data chunk's size, the length not yet known
+(Voxwire's own WAV output writes 0xFFFFFFFF): libsndfile reads 0 as no samples at all."""
+
+
 def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
     """Any format libsndfile reads, to float32 mono. Blocking (call it on a thread), and
     ``audio_too_long`` past ``MAX_DECODED_SECONDS`` or ``MAX_DECODED_SAMPLES``, told by
-    the length libsndfile finds before decoding (it then decodes no more than that)."""
+    the length libsndfile finds before decoding (it then decodes no more than that), or,
+    where the header does not give it, by decoding no further than the limit."""
     try:
-        with soundfile.SoundFile(io.BytesIO(data)) as f:
+        with soundfile.SoundFile(io.BytesIO(wav_sized_from_data(data))) as f:
             rate, channels = int(f.samplerate), f.channels
             limit = min(MAX_DECODED_SECONDS * rate, MAX_DECODED_SAMPLES // channels)
-            if f.frames > limit:
-                raise too_long(f.frames, rate, channels)
-            audio = f.read(dtype="float32", always_2d=True)
+            if f.frames >= UNKNOWN_FRAMES:
+                audio = _read_unknown_length(f, limit + 1)
+                if len(audio) > limit:
+                    raise too_long(len(audio), rate, channels, holds=f"more than {limit / rate:.1f} s")
+            else:
+                if f.frames > limit:
+                    raise too_long(f.frames, rate, channels)
+                audio = f.read(dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError):
         # libsndfile's text names internal objects; the person needs to know what to send.
         raise EngineError(
@@ -69,8 +83,39 @@ def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
     return audio.mean(axis=1).astype(np.float32), rate
 
 
-def too_long(frames: int, rate: int, channels: int) -> EngineError:
-    holds = f"{frames / rate:.1f} s"
+def wav_sized_from_data(data: bytes) -> bytes:
+    """A RIFF/WAVE upload whose data chunk's size says "length unknown" (0 or 0xFFFFFFFF,
+    as a WAV written as a stream has it) with that size, and the RIFF size, measured from
+    the bytes that follow; any other upload as it is. A streamed WAV's data runs to the
+    end of the file: nothing is written after a chunk whose length was never known."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return data
+    at = 12
+    while at + 8 <= len(data):
+        chunk, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
+        if chunk == b"data":
+            if size not in STREAMED_WAV_SIZES:
+                return data
+            measured = len(data) - (at + 8)
+            return b"".join((b"RIFF", (len(data) - 8).to_bytes(4, "little"), data[8 : at + 4],
+                             measured.to_bytes(4, "little"), data[at + 8 :]))
+        at += 8 + size + (size & 1)  # chunks are padded to an even length
+    return data
+
+
+def _read_unknown_length(f: soundfile.SoundFile, frames: int) -> np.ndarray:
+    """Up to ``frames`` frames from where ``f`` stands, in a file whose length libsndfile
+    does not know. soundfile seeks to where it believes each read ended, and libsndfile
+    cannot seek to the end of a FLAC of unknown length (``psf_fseek() failed``), so the
+    read is made as for a stream that cannot seek: libsndfile reads on until the data ends."""
+    f._info.seekable = 0  # what soundfile checks before it seeks; libsndfile's own state is left alone
+    return f.read(frames, dtype="float32", always_2d=True)
+
+
+def too_long(frames: int, rate: int, channels: int, holds: str | None = None) -> EngineError:
+    """``audio_too_long`` for an upload of ``frames`` (``holds``: what to say of its
+    length where that is not all of it)."""
+    holds = holds or f"{frames / rate:.1f} s"
     if frames > MAX_DECODED_SECONDS * rate:
         return EngineError(
             "audio_too_long", f"the upload holds {holds} of audio; a reference may be at most {MAX_DECODED_SECONDS} s"

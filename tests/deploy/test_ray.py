@@ -16,6 +16,7 @@ import struct
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -141,6 +142,58 @@ async def test_real_speech_through_the_proxy(proxy):
     rate = frames[0].sample_rate
     assert done["samples"] == audio.size and audio.size / rate > 1.0  # about two seconds of speech
     assert np.sqrt(np.mean(audio**2)) > 0.01  # speech, not silence
+
+
+def replica_log_files(pid: int) -> list[Path]:
+    """What a replica process wrote to its stdout and stderr: Ray keeps them as files."""
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    return sorted(logs.glob(f"worker-*-{pid}.out")) + sorted(logs.glob(f"worker-*-{pid}.err"))
+
+
+async def test_a_replica_logs_as_voxwire_serve_does_and_no_key_reaches_rays_logs(proxy):
+    """Each replica configures logging from its settings as ``voxwire serve`` does: JSON
+    lines through the handler that redacts credentials. A key sent as ``?token=`` reaches
+    no log of Ray's, the replicas' own included, even in a line that carries the request's
+    URL as uvicorn logs it (where a replica serves HTTP itself, as with Ray's direct ingress)."""
+    key = "rk-Secret-7d3e19"
+    async with websockets.connect(f"{proxy}?token={key}") as ws:
+        assert orjson.loads(await ws.recv())["type"] == "ready"
+
+    def log_in_replica(_replica: object, key: str) -> dict[str, Any]:
+        import logging
+        import os
+
+        logging.getLogger("uvicorn.error").info('%s - "WebSocket %s" [accepted]', "127.0.0.1:50000",
+                                                f"/v1/stream?token={key}")
+        logging.getLogger("voxwire.server.app").warning("request failed: %s", f"http://h/v1/voices?token={key}")
+        root = logging.getLogger()
+        for handler in root.handlers:
+            handler.flush()
+        return {"pid": os.getpid(), "level": logging.getLevelName(root.level),
+                "handlers": [[type(f).__name__ for f in h.filters] for h in root.handlers]}
+
+    for replica, probe in (await replicas()).items():
+        actor = ray.get_actor(f"SERVE_REPLICA::two#Voxwire#{replica}", namespace="serve")
+        seen = await actor.__ray_call__.remote(log_in_replica, key)
+        assert seen["pid"] == probe["pid"] and seen["level"] == "INFO"  # log_level, as the settings give it
+        assert len(seen["handlers"]) == 1 and "RedactCredentials" in seen["handlers"][0], seen
+        lines: list[dict[str, Any]] = []
+        for _ in range(100):  # the lines are flushed; Ray's log files may trail a little
+            text = "".join(f.read_text(errors="replace") for f in replica_log_files(probe["pid"]))
+            lines = [orjson.loads(line) for line in text.splitlines() if line.startswith("{")]
+            if sum("[redacted]" in line.get("msg", "") for line in lines) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        # Voxwire's JSON lines, with the replica's worker index, and the key redacted.
+        accepted = [line for line in lines if line["logger"] == "uvicorn.error" and "WebSocket" in line["msg"]]
+        assert accepted and accepted[-1]["msg"].endswith('"WebSocket /v1/stream?token=[redacted]" [accepted]')
+        assert accepted[-1]["worker"] == probe["worker"] and accepted[-1]["pid"] == probe["pid"]
+        failed = [line for line in lines if line["msg"].startswith("request failed")]
+        assert failed and failed[-1]["msg"] == "request failed: http://h/v1/voices?token=[redacted]"
+    # Nowhere in Ray's logs: replicas, proxy, controller, Serve's own files.
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    leaked = [str(f) for f in logs.rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
+    assert leaked == []
 
 
 # Counts what the page's client sends, by message type (the demo's JS client sends JSON text).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from voxwire.engine.threads import (
     CpuShare,
     adapt_cpu_threads,
     configure_cpu_threads,
+    cpu_limit,
+    cpu_quota,
     onnx_session_options,
     physical_cores,
     usable_cores,
@@ -71,6 +74,9 @@ class _Machine:
 
     def own_seconds(self) -> float:
         return self.own
+
+    def quota_seconds(self) -> float | None:
+        return None  # no CPU quota
 
 
 def test_the_share_counts_other_processes_only_over_the_last_window():
@@ -182,8 +188,6 @@ def _cgroup(tmp_path, membership: str, files: dict[str, str]):
 
 
 def test_a_cgroup_v2_quota_is_read_and_the_tightest_on_the_path_wins(tmp_path):
-    from voxwire.engine.threads import cpu_quota
-
     where = _cgroup(tmp_path, "0::/kubepods/pod1/voxwire\n", {
         "cpu.max": "max 100000\n",
         "kubepods/cpu.max": "400000 100000\n",
@@ -196,8 +200,6 @@ def test_a_cgroup_v2_quota_is_read_and_the_tightest_on_the_path_wins(tmp_path):
 
 
 def test_a_cgroup_v1_quota_is_read_and_a_container_sees_its_own_group_as_the_root(tmp_path):
-    from voxwire.engine.threads import cpu_quota
-
     # Docker on cgroup v1 without a cgroup namespace: the path names the host's group,
     # which inside the container is the mount itself.
     where = _cgroup(tmp_path, "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n", {
@@ -225,3 +227,102 @@ def test_the_default_pool_stays_within_the_cpu_quota(monkeypatch):
     assert configure_cpu_threads(3) == 3  # an exact count is the operator's to choose
     monkeypatch.setattr(threads_module, "cpu_quota", lambda: None)
     assert configure_cpu_threads() == 4
+
+
+class _QuotaMachine(_Machine):
+    """A machine of 8 CPUs whose process runs in a control group with a CPU quota: the
+    group's accounting is a file of a fake cgroup tree (``_cgroup``), written as time passes."""
+
+    cpus = list(range(8))
+
+    def __init__(self, where: dict[str, Path]) -> None:
+        super().__init__()
+        self.quota = cpu_limit(**where)
+        self.group_busy = 0.0
+        self.accounted = True
+        """Whether the group's accounting file is there to read."""
+        self.runnable = 0
+
+    def run(self, seconds: float, others: float, own: float, in_group: float = 0.0) -> None:  # type: ignore[override]
+        """``others`` cores busy elsewhere, of which ``in_group`` in this process's group."""
+        super().run(seconds, others, own)
+        self.group_busy += (in_group + own) * seconds
+        usage = self.quota.group / "cpu.stat"
+        if self.accounted:
+            usage.write_text(f"usage_usec {round(self.group_busy * 1e6)}\nuser_usec 0\nsystem_usec 0\n")
+        else:
+            usage.unlink(missing_ok=True)
+
+    def quota_seconds(self) -> float | None:
+        return self.quota.used_seconds()
+
+    def runnable_elsewhere(self) -> int:
+        return self.runnable
+
+
+def test_under_a_quota_the_groups_other_processes_count_against_the_quota_not_the_hosts_cores(tmp_path, monkeypatch):
+    """8 CPUs, a pod with a quota of 2 CPUs, and Voxwire in a container of the pod beside
+    another process of it: that one spends the same 2 CPUs, while the host's other
+    processes (other pods, with quotas of their own) leave cores idle beside them."""
+    where = _cgroup(tmp_path, "0::/kubepods/pod1/voxwire\n", {
+        "cpu.max": "max 100000\n",
+        "kubepods/pod1/cpu.max": "200000 100000\n",
+        "kubepods/pod1/cpu.stat": "usage_usec 0\n",
+        "kubepods/pod1/voxwire/cpu.max": "max 100000\n",
+        "kubepods/pod1/voxwire/cpu.stat": "usage_usec 0\n",
+    })
+    assert (tmp_path / "cgroup" / "kubepods" / "pod1").samefile(cpu_limit(**where).group)
+    machine = _QuotaMachine(where)
+    share = CpuShare(clock=machine, now=lambda: machine.t)  # type: ignore[arg-type]
+    monkeypatch.setattr(threads_module, "_share", share)  # the process's sampler, read by hand here
+    monkeypatch.setattr(threads_module, "physical_cores", lambda: 8)
+    monkeypatch.setattr(threads_module, "cpu_quota", lambda: cpu_quota(**where))
+    assert configure_cpu_threads() == 2  # the quota's 2 CPUs, of 8
+    share.sample()
+
+    # The pod's other process keeps 1.5 of its 2 CPUs busy: 0.5 is left, one thread's worth,
+    # although 6.5 of the host's 8 cores are idle.
+    machine.runnable = 1
+    machine.run(WINDOW_S, others=1.5, own=1.0, in_group=1.5)
+    share.sample()
+    assert share.others == pytest.approx(1.5) and share.others_in_quota == pytest.approx(1.5)
+    assert adapt_cpu_threads() == 1
+
+    # It stops, and five busy processes of other pods run elsewhere on the host: they
+    # leave 3 cores idle, and the quota whole.
+    machine.runnable = 5
+    machine.run(WINDOW_S, others=5.0, own=1.0, in_group=0.0)
+    share.sample()
+    assert share.others == pytest.approx(5.0) and share.others_in_quota == pytest.approx(0.0)
+    assert adapt_cpu_threads() == 2
+
+    # Where the group's accounting cannot be read, every other process counts against it.
+    machine.accounted = False
+    machine.run(WINDOW_S, others=1.5, own=1.0, in_group=1.5)
+    share.sample()
+    assert share.others_in_quota is None
+    assert adapt_cpu_threads() == 1
+
+
+def test_without_a_quota_only_the_machines_cores_count():
+    policy = AdaptiveThreads(2, [].append, lambda: 5.0, lambda: None, cores=8,
+                             others_in_quota=lambda: pytest.fail("no quota: its group is never read"))
+    assert policy.threads_now() == 2  # 3 idle of 8
+
+
+def test_a_groups_cpu_accounting_is_read_as_cgroup_v2_and_v1_keep_it(tmp_path):
+    v2 = _cgroup(tmp_path / "v2", "0::/app\n", {
+        "app/cpu.max": "150000 100000\n", "app/cpu.stat": "usage_usec 2500000\nuser_usec 2000000\n",
+    })
+    quota = cpu_limit(**v2)
+    assert quota is not None and quota.v2 and quota.cpus == pytest.approx(1.5)
+    assert quota.used_seconds() == pytest.approx(2.5)
+    assert CpuClock(quota).quota_seconds() == pytest.approx(2.5) and CpuClock().quota_seconds() is None
+    v1 = _cgroup(tmp_path / "v1", "3:cpu,cpuacct:/docker/abc\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "50000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/cpuacct.usage": "7250000000\n",
+    })
+    quota = cpu_limit(**v1)
+    assert quota is not None and not quota.v2 and quota.used_seconds() == pytest.approx(7.25)
+    (v1["root"] / "cpu,cpuacct" / "cpuacct.usage").unlink()  # cpuacct mounted apart: unknown
+    assert quota.used_seconds() is None

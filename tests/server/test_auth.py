@@ -66,6 +66,25 @@ async def test_http_routes_need_the_key_but_probes_do_not(locked):
         assert (await http.get("/readyz")).status_code == 200
 
 
+async def test_an_http_401_says_how_to_send_the_key(locked):
+    speech = {"model": "tts-1", "voice": "tone", "input": "Hello.", "response_format": "pcm"}
+    async with httpx.AsyncClient(base_url=locked.http) as http:
+        refusals = {
+            "/v1/voices": await http.get("/v1/voices"),
+            "/v1/audio/speech": await http.post("/v1/audio/speech", json=speech,
+                                                headers={"Authorization": "Bearer not-a-key"}),
+        }
+        for route, refused in refusals.items():
+            assert refused.status_code == 401, route
+            error = refused.json()["error"]
+            assert error["code"] == "unauthorized", route
+            assert error["message"] == auth.HTTP_KEY_REFUSED, (route, error)
+        # What it says works: the key as a Bearer header, or as ?token=.
+        assert (await http.get("/v1/voices", headers={"Authorization": f"Bearer {KEYS[0]}"})).status_code == 200
+        assert (await http.get("/v1/voices", params={"token": KEYS[0]})).status_code == 200
+    assert "send Authorization: Bearer KEY" in auth.HTTP_KEY_REFUSED and "?token=KEY" in auth.HTTP_KEY_REFUSED
+
+
 def test_every_key_is_compared_in_constant_time(monkeypatch):
     calls = []
     real = auth.hmac.compare_digest

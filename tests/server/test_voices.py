@@ -375,6 +375,64 @@ def test_decode_audio_reads_no_more_than_a_reference_could_need(monkeypatch):
     assert MAX_DECODED_SECONDS * RATE * 2 <= MAX_DECODED_SAMPLES
 
 
+def streamed_wav(seconds: float, size: int) -> bytes:
+    """A 16-bit WAV as a stream writes it: ``size`` (0 or 0xFFFFFFFF, "length unknown")
+    where its RIFF and data chunks' sizes should be."""
+    wav = bytearray(reference_wav(seconds))
+    data = wav.index(b"data")
+    wav[4:8] = wav[data + 4 : data + 8] = size.to_bytes(4, "little")
+    return bytes(wav)
+
+
+def streamed_flac(audio: np.ndarray, rate: int) -> bytes:
+    """A FLAC as Voxwire's own FLAC output streams it: STREAMINFO says 0 samples (unknown)."""
+    from voxwire.server.codecs import CompressedEncoder
+
+    encoder = CompressedEncoder("flac", rate)
+    return encoder.push(audio) + encoder.finish()
+
+
+@pytest.mark.parametrize("size", [0, 0xFFFFFFFF])
+def test_a_streamed_wav_whose_header_gives_no_length_is_measured_from_its_data(size):
+    heard, _ = decode_audio(reference_wav(2.0))
+    audio, rate = decode_audio(streamed_wav(2.0, size))
+    assert rate == RATE and np.array_equal(audio, heard)  # every sample, none invented
+    with pytest.raises(EngineError) as e:
+        decode_audio(streamed_wav(70.0, size))
+    assert e.value.code == "audio_too_long"
+    assert "holds 70.0 s of audio" in e.value.message and f"at most {MAX_DECODED_SECONDS} s" in e.value.message
+
+
+def test_a_streamed_flac_whose_header_gives_no_length_is_decoded_up_to_the_limit(monkeypatch):
+    reference, _ = decode_audio(reference_wav(2.0))
+    with soundfile.SoundFile(io.BytesIO(streamed_flac(reference, RATE))) as f:
+        assert f.frames == voices.UNKNOWN_FRAMES  # what libsndfile makes of its header
+    audio, rate = decode_audio(streamed_flac(reference, RATE))
+    assert rate == RATE and audio.size == reference.size and np.abs(audio - reference).max() < 1e-3
+    decoded: list[int] = []
+    read = soundfile.SoundFile.read
+
+    def counted(self, *args, **kwargs):
+        out = read(self, *args, **kwargs)
+        decoded.append(len(out))
+        return out
+
+    monkeypatch.setattr(soundfile.SoundFile, "read", counted)
+    with pytest.raises(EngineError) as e:
+        decode_audio(streamed_flac(np.zeros(RATE * (MAX_DECODED_SECONDS + 30), np.float32), RATE))
+    assert e.value.code == "audio_too_long"
+    assert f"holds more than {MAX_DECODED_SECONDS:.1f} s of audio" in e.value.message, e.value.message
+    assert decoded == [MAX_DECODED_SECONDS * RATE + 1]  # decoded no further than it takes to know
+
+
+async def test_a_streamed_wav_registers_and_a_long_one_is_refused_with_its_length(cosyvoice_server):
+    registered = await register(cosyvoice_server, streamed_wav(3.0, 0), name="streamed")
+    assert registered.status_code == 201, registered.json()
+    refused = await register(cosyvoice_server, streamed_wav(70.0, 0xFFFFFFFF), name="too-long")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "audio_too_long")
+    assert "70.0 s" in refused.json()["error"]["message"]
+
+
 async def test_decoding_an_upload_leaves_the_event_loop_to_everyone_else(cosyvoice_server, monkeypatch):
     decoding, release = threading.Event(), threading.Event()
 
