@@ -9,8 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from voxwire.engine.base import EngineError
+
+if TYPE_CHECKING:
+    from voxwire.server.config import ServerConfig
+    from voxwire.server.processes import Ports
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,16 +53,17 @@ def serve(args: argparse.Namespace) -> int:
         print(f"voxwire: {problem}", file=sys.stderr)
         return 2
     # The port before the engine: a port in use is one line now, not a traceback after
-    # seconds of loading. One socket for the whole server, however many workers.
+    # seconds of loading.
+    if config.workers > 1:
+        from voxwire.server.processes import serve_workers
+
+        ports = _worker_ports(config)
+        return 2 if ports is None else serve_workers(config, ports)
     try:
         sock = held_socket(config.host, config.port, config.limits.stall_timeout_seconds)
     except OSError as e:
         print(f"voxwire: cannot listen on {config.host}:{config.port}: {e.strerror}", file=sys.stderr)
         return 2
-    if config.workers > 1:
-        from voxwire.server.processes import serve_workers
-
-        return serve_workers(config, sock)
     from voxwire.server.service import StartupError
 
     try:
@@ -70,6 +76,33 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     run(app, config.host, config.port, config.log_level, sockets=[sock])
     return 0
+
+
+def _worker_ports(config: ServerConfig) -> list[Ports] | None:
+    """Each worker's sockets on the HTTP port, and on the Wyoming port when it is served,
+    claimed for the whole server (``port_group``: a second server is refused them); None
+    when a port cannot be had, having said so in one line."""
+    from voxwire.server.net import unauthenticated_host
+    from voxwire.server.processes import Ports
+    from voxwire.server.sockets import port_group
+
+    stall, n = config.limits.stall_timeout_seconds, config.workers
+    try:
+        http = port_group(config.host, config.port, n, stall)
+    except OSError as e:
+        print(f"voxwire: cannot listen on {config.host}:{config.port}: {e.strerror}", file=sys.stderr)
+        return None
+    if config.wyoming_port is None:
+        return [Ports(http=sock) for sock in http]
+    host = unauthenticated_host(config.host, config.auth.required, config.wyoming_allow_unauthenticated)
+    try:
+        wyoming = port_group(host, config.wyoming_port, n, stall)
+    except OSError as e:
+        for sock in http:
+            sock.close()
+        print(f"voxwire: cannot listen for Wyoming on {host}:{config.wyoming_port}: {e.strerror}", file=sys.stderr)
+        return None
+    return [Ports(http=h, wyoming=w) for h, w in zip(http, wyoming)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,20 @@ class ServerConfig:
         "the address of nginx in front",
     )
     workers: int = setting(1, "server processes, each with its own engine (for many-core CPUs)", range=(1, 256))
+    # uvicorn times out nothing before a request has arrived (server/run.py).
+    header_timeout_seconds: float = setting(
+        10.0, "close an HTTP connection whose request line and headers have not all arrived this long after "
+        "it opened, or after their first byte on a kept-alive connection (408 when some had)", range=(0.1, None),
+    )
+    body_timeout_seconds: float = setting(
+        30.0, "close an HTTP connection whose request body stops arriving for this long", range=(0.1, None),
+    )
+    max_http_connections: int = setting(
+        1024, "open connections on the HTTP port, per server process, idle or in a request (a WebSocket counts "
+        "against max_connections instead); a newcomer beyond it closes the one that has waited longest on its "
+        "client for a request or its body, or itself when every one is being answered. Lowered to what the "
+        "descriptor limit (ulimit -n) leaves room for", range=(8, None),
+    )
     log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = setting(
         "auto", "logs: json lines, or text for people; auto picks text in a terminal", choices=("auto", "json", "text")

@@ -31,3 +31,13 @@ def is_loopback(host: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback
     return address.is_loopback
+
+
+def unauthenticated_host(host: str, api_keys_set: bool, allow_unauthenticated: bool) -> str:
+    """Where a door without authentication (Wyoming) listens: ``host``, but with API keys
+    set, loopback unless the operator allows otherwise, since anyone reaching it would
+    bypass the keys. The door (server/doors/wyoming.py) and, under ``--workers``, the parent
+    that claims its port for the workers (server/cli.py) ask this one place."""
+    if api_keys_set and not allow_unauthenticated and not is_loopback(host):
+        return "127.0.0.1"
+    return host

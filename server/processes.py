@@ -1,12 +1,19 @@
 """``--workers N``: N server processes on one port, each with its own engine.
 
-The parent binds the port once (server/cli.py) and hands that one listening socket to
-every worker: each accepts from it, and a WebSocket stays with the process that accepted
-it. Not SO_REUSEPORT, with which each worker would bind the port for itself: any other
-process of the same user could then bind it too, and two unrelated servers would split
-one port's connections between them. The parent only supervises: it restarts a worker
-that dies (handing it the same socket), and on SIGTERM passes the signal on, so each
-worker drains its own utterances (server/run.py) before the parent exits.
+The parent claims the port before anything starts (server/cli.py): one socket per worker,
+listening together with SO_REUSEPORT (``port_group``, server/sockets.py), so the kernel
+spreads connections over the workers by a hash of their addresses, and a WebSocket stays
+with the worker it reached. One socket shared by every worker went to whichever process
+woke first: of 16 connections opened 300 ms apart, 11 to all 16 reached the same one. The
+claim refuses the port to another server, as one held socket did. The Wyoming port, when
+served, is claimed the same way. Each worker takes its sockets; the parent keeps no copy,
+so a worker's connections go with it when it dies and its siblings take the new ones.
+
+The parent only supervises: it restarts a worker that dies, which joins the port's group
+with sockets of its own once its engine has loaded (no connection waits on it
+meanwhile), and counts it (``voxwire_worker_process_restarts_total``); on SIGTERM it
+passes the signal on, so each worker drains its own utterances (server/run.py) before
+the parent exits.
 
 What the workers share lives in a run directory the parent makes: the admission counts
 (server/limits.py, so limits are server-wide) and prometheus-client's multiprocess files
@@ -37,24 +44,62 @@ log = logging.getLogger(__name__)
 EXIT_CANNOT_START = 2  # a worker's settings cannot work: restarting it would loop forever
 
 
-def _worker(config: ServerConfig, index: int, environment: dict[str, str], sock: socket.socket) -> None:
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """What a worker listens on: the sockets the parent claimed for it, or, for one that
+    replaces a dead worker, none (it joins the ports' groups itself, once it can serve)."""
+
+    http: socket.socket | None = None
+    wyoming: socket.socket | None = None
+
+    def close(self) -> None:
+        for sock in (self.http, self.wyoming):
+            if sock is not None:
+                sock.close()
+
+
+def _worker(config: ServerConfig, index: int, environment: dict[str, str], ports: Ports, replaces: bool) -> None:
     # Before anything imports prometheus_client, which reads its mode at import.
     os.environ.update(environment)
+    count_restart(index, replaces)
     from voxwire.server.app import create_app
     from voxwire.server.logs import configure_logging
     from voxwire.server.run import serve
-
     from voxwire.server.service import StartupError
+    from voxwire.server.sockets import hand_over, joined_group
 
     configure_logging(config.log_level, config.log_format)
     logging.getLogger(__name__).info("worker %d starting", index)
+    if ports.wyoming is not None:
+        hand_over(ports.wyoming)  # the Wyoming door's, when it binds (server/doors/wyoming.py)
     app = create_app(config)
     try:
         app.state.service.load()
     except StartupError as e:
         logging.getLogger(__name__).error("worker %d cannot start: %s", index, e)
         raise SystemExit(EXIT_CANNOT_START) from None
+    try:
+        sock = ports.http or joined_group(config.host, config.port, config.limits.stall_timeout_seconds)
+    except OSError as e:  # another server took the port while no worker held it
+        logging.getLogger(__name__).error(
+            "worker %d cannot listen on %s:%d: %s", index, config.host, config.port, e.strerror,
+        )
+        raise SystemExit(EXIT_CANNOT_START) from None
     serve(app, config.host, config.port, config.log_level, sockets=[sock])
+
+
+def count_restart(index: int, replaces: bool) -> None:
+    """``voxwire_worker_process_restarts_total{worker}``: worker processes that died and were
+    started again. The replacement counts its predecessor, first thing, in the metrics'
+    shared files, which outlive it (server/metrics.py); each worker counts 0 so that the
+    series is there from the first scrape."""
+    from prometheus_client import Counter
+
+    restarts = Counter(
+        "voxwire_worker_process_restarts", "Worker processes (--workers) that died and were started again, "
+        "by worker index", ["worker"], registry=None,  # multiprocess mode: the files are the registry
+    )
+    restarts.labels(str(index)).inc(1 if replaces else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,22 +152,26 @@ def with_core_share(config: ServerConfig) -> ServerConfig:
 class Workers:
     """The parent's side: starts the workers, replaces one that dies, and passes a stop on."""
 
-    def __init__(self, config: ServerConfig, sock: socket.socket, shared: RunDir) -> None:
+    def __init__(self, config: ServerConfig, ports: list[Ports], shared: RunDir) -> None:
         # spawn, not fork: each worker starts clean and loads its own engine and threads.
         self._ctx = multiprocessing.get_context("spawn")
         self._config = config
-        self._sock = sock
+        self._ports = ports
         self._shared = shared
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.stopping = False
 
-    def start(self, i: int) -> multiprocessing.process.BaseProcess:
-        # multiprocessing passes the socket's descriptor to the spawned process.
+    def start(self, i: int, replaces: bool = False) -> multiprocessing.process.BaseProcess:
+        ports = Ports() if replaces else self._ports[i]
+        # multiprocessing passes the sockets' descriptors to the spawned process.
         p = self._ctx.Process(
-            target=_worker, args=(self._config, i, self._shared.environment(i), self._sock),
+            target=_worker, args=(self._config, i, self._shared.environment(i), ports, replaces),
             name=f"voxwire-worker-{i}", daemon=False,
         )
         p.start()
+        # The worker has its copies: one kept here would hold its share of the connections
+        # waiting should it die.
+        ports.close()
         return p
 
     def start_all(self) -> None:
@@ -158,12 +207,12 @@ class Workers:
                         return EXIT_CANNOT_START
                     log.error("worker %d exited (code %s): restarting it", i, p.exitcode)
                     self._shared.forget(i, p.pid)
-                    self.procs[i] = self.start(i)
+                    self.procs[i] = self.start(i, replaces=True)
             time.sleep(poll_seconds)
 
 
-def serve_workers(config: ServerConfig, sock: socket.socket, poll_seconds: float = 0.5) -> int:
-    """Run ``config.workers`` processes serving ``sock`` (listening already) until SIGTERM."""
+def serve_workers(config: ServerConfig, ports: list[Ports], poll_seconds: float = 0.5) -> int:
+    """Run ``config.workers`` processes, each serving its ``ports`` (listening already), until SIGTERM."""
     shared = RunDir.create(config.workers)
     config = with_core_share(config)
     if config.engine.voices_dir is None:
@@ -172,7 +221,7 @@ def serve_workers(config: ServerConfig, sock: socket.socket, poll_seconds: float
             "POST /v1/voices stays in the worker that registered it; give the workers a "
             "shared --voices-dir"
         )
-    workers = Workers(config, sock, shared)
+    workers = Workers(config, ports, shared)
     workers.start_all()
     signal.signal(signal.SIGTERM, workers.stop)
     signal.signal(signal.SIGINT, workers.stop)
@@ -180,5 +229,4 @@ def serve_workers(config: ServerConfig, sock: socket.socket, poll_seconds: float
     try:
         return workers.supervise(poll_seconds)
     finally:
-        sock.close()
         shared.remove()

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
-import uvicorn
 from hypothesis import settings
 
 # Property tests explore the same examples on every run, so CI is reproducible; run
@@ -28,6 +27,7 @@ from voxwire.server.config import ServerConfig
 from voxwire.server.doors import DOORS
 from voxwire.server.doors.base import Door
 from voxwire.server.limits import Limits
+from voxwire.server.run import http_server
 from voxwire.server.sockets import listening_socket
 from voxwire.server.service import Service
 
@@ -72,12 +72,9 @@ def run_server(
     # The socket the server makes for itself (server/run.py), with its capped send buffer.
     sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, ws_max_size=config.limits.max_message_bytes,
-            log_level="warning", lifespan="on",
-        )
-    )
+    # The HTTP server `voxwire serve` runs (server/run.py): its parser (h11, strict), its
+    # header and body deadlines and its bound on open connections, not uvicorn's defaults.
+    server = http_server(app, "127.0.0.1", port, log_level="warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     for _ in range(2400):  # two minutes: loading the engine on a busy 2-core machine
