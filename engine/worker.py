@@ -61,6 +61,14 @@ class WorkerStats:
 GATHER_SECONDS = 0.004
 GATHER_CAP = 5
 
+# A newcomer whose stream is open is behind once it has waited this many of the worker's
+# recent steps for its first audio, and at least a second: a first step is one step, and
+# a burst shares a few; an engine whose steps take seconds (CosyVoice2 on a CPU) gets as
+# many of its own.
+FIRST_AUDIO_ALLOWANCE_STEPS = 4
+FIRST_AUDIO_ALLOWANCE_SECONDS = 1.0
+STEP_SECONDS_WEIGHT = 0.1
+
 
 class State(Enum):
     """Where an utterance is in its life. The first three are alive; the last three are
@@ -98,6 +106,9 @@ class Utterance:
         self.queue = queue
         self.submitted_at = time.monotonic()
         self.first_audio_at: float | None = None
+        self.ready_at: float | None = None
+        """When its first segment's stream opened: from then on only the worker holds up
+        its first audio (streamed text may come long after it was submitted)."""
         self.produced_samples = 0
         self.steps = 0
         self.segments = 0
@@ -209,6 +220,8 @@ class Utterance:
             return self.state is State.COMPLETE and not self._inbox and not self._todo
 
     def begin_segment(self, stream: Stream) -> None:
+        if self.ready_at is None:
+            self.ready_at = time.monotonic()
         self.segments += 1
         self._segment_start = self.produced_samples
         self._stream, self._admitted = stream, False
@@ -290,6 +303,8 @@ class Worker:
         self._stepping: list[Utterance] = []
         self._calling: Future[object] | None = None
         self._step_started_at: float | None = None
+        self._step_seconds = 0.0
+        """A running mean of its steps' durations (exponentially weighted)."""
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -338,6 +353,26 @@ class Worker:
         if self._stopping:
             raise EngineError("shutting_down", "the engine is stopping")
         raise EngineError("not_ready", "the engine is loading; try again shortly")
+
+    def behind_seconds(self) -> float:
+        """How long the listener worst served has been out of audio this worker still has
+        to compute (0: none is): a playing one past its playback deadline, or a newcomer
+        whose stream has waited for its first audio longer than a first step should take
+        (a few of this worker's recent steps, at least a second). Above zero the worker
+        cannot keep up with the listeners it has: the measure admission refuses
+        newcomers by (server/pipeline.py). Any thread; takes the lock."""
+        allowance = max(FIRST_AUDIO_ALLOWANCE_SECONDS, FIRST_AUDIO_ALLOWANCE_STEPS * self._step_seconds)
+        now, behind = time.monotonic(), 0.0
+        with self._cond:
+            for u in self._utterances:
+                # runnable() is False for a cancelled one: its audio is wanted by nobody.
+                if not u.runnable() or u.backlogged():
+                    continue
+                if u.first_audio_at is not None:
+                    behind = max(behind, now - scheduler.playback_deadline(u))
+                elif u.ready_at is not None:
+                    behind = max(behind, now - u.ready_at - allowance)
+        return behind
 
     def utterances(self) -> list[Utterance]:
         with self._cond:
@@ -573,6 +608,7 @@ class Worker:
             self.stats.steps += 1
             self.stats.batch_sizes[len(batch)] += 1
             self.stats.busy_seconds += elapsed
+            self._step_seconds += STEP_SECONDS_WEIGHT * (elapsed - self._step_seconds)
             if self.on_step is not None:
                 self.on_step(elapsed, len(batch))
         for u, result in zip(batch, results):

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 import numpy as np
 import soxr
 
-from voxwire.engine.errors import CodedError
+from voxwire.engine.errors import CodedError, quoted
 from voxwire.server.codecs import CODECS, CompressedEncoder
 
 Format = Literal["pcm_s16le", "pcm_f32le", "mulaw", "opus", "mp3", "aac", "flac"]
@@ -63,7 +63,7 @@ def stream_rate(fmt: str, rate: int) -> int:
         return rate
     codec = CODECS.get(fmt)
     if codec is None:
-        raise FormatError("invalid_format", f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+        raise FormatError("invalid_format", f"unknown format {quoted(fmt)}; one of {', '.join(FORMATS)}")
     if codec.fixed_rate is not None:
         return codec.fixed_rate
     if codec.rates is not None and rate not in codec.rates:

@@ -40,6 +40,11 @@ def worker_index(environ: Mapping[str, str] | None = None) -> int | None:
     return parse_worker_index((os.environ if environ is None else environ).get(WORKER_INDEX_ENV))
 
 
+MIN_CONNECTIONS_PER_CLIENT = 8
+"""The least ``max_connections_per_client`` is by default (server/doors/base.py, ``Gate``), so
+that a small server (two connections) does not hold a client to a fraction of one."""
+
+
 def _limit(default: float, help: str, low: float = 1, high: float | None = None) -> Any:
     return field(default=default, metadata={"help": help, "range": (low, high)})
 
@@ -51,6 +56,20 @@ class Limits:
     max_utterances_per_socket: int = _limit(8, "utterances active at once on one connection")
     max_utterances_total: int = _limit(64, "utterances active at once server-wide; beyond: overloaded, 1013")
     max_connections: int = _limit(256, "open connections; beyond: close 1013")
+    # Beyond a step's jitter (~0.1 s here): only a worker that cannot keep up refuses,
+    # not one busy with a newcomer's first step.
+    max_listener_lag_seconds: float = _limit(
+        0.25, "refuse new utterances (overloaded) while a listener has been out of audio still to be "
+        "computed for longer than this (the worker cannot keep up with the listeners it has); 0: never, "
+        "count only max_utterances_total", low=0,
+    )
+    # So that one client cannot hold every slot. Per server process; a client is its
+    # address, or behind a trusted proxy the address it forwards (--forwarded-allow-ips).
+    max_connections_per_client: int | None = field(default=None, metadata={
+        "help": "open connections one client address may hold (the address a trusted proxy forwards, behind "
+        "one); beyond: close 1013, or 429 on HTTP", "range": (1, None),
+        "default_text": f"a quarter of max_connections, at least {MIN_CONNECTIONS_PER_CLIENT}",
+    })
     # At least one whole chunk (250 ms) and a little: a smaller queue could never release one.
     max_queue_seconds: float = _limit(
         5.0, "audio computed ahead of a slow reader before its utterance is skipped", low=0.5
@@ -68,6 +87,12 @@ class Limits:
         100.0, "client messages per second per connection (token bucket rate)", low=0.1
     )
     message_burst: int = _limit(200, "token bucket size: a burst of messages allowed at once")
+    # Every dropped message is answered, so a client that keeps sending far over the rate
+    # costs the server as much as one that is served; past this it is a flood and is cut.
+    max_dropped_messages: int = _limit(
+        1000, "messages a connection may have dropped by the rate limit within 10 s; one more closes it "
+        "(1008 on the socket)",
+    )
     idle_timeout_seconds: float = _limit(
         300.0, "close a connection with no message and nothing playing after this; end an open utterance "
         "that receives no text for as long", low=0.1,

@@ -169,6 +169,43 @@ class RedactCredentials(logging.Filter):
 
 _PLAIN = logging.Formatter()
 
+MAX_LOGGED_CHARS = 2048
+"""The most of a line's message, or of one of its fields, that is written. Lines carry
+what clients chose (a voice name, a message type): unbounded, one socket grew the log by
+24 MB/s. What a user asked to be spoken (``log_text``) is bounded by ``max_text_chars``."""
+
+
+def bounded(value: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    if len(value) <= limit:
+        return value
+    return f"{value[:limit]}… [{len(value) - limit} more characters]"
+
+
+class BoundLines(logging.Filter):
+    """Cuts a record's message and string fields at ``MAX_LOGGED_CHARS``. After
+    ``RedactCredentials``: a key cut in two would no longer be recognised as one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            record.msg, record.args = bounded(record.getMessage()), ()
+        except Exception:  # a format that does not fit its arguments: logging reports both
+            record.msg = bounded(str(record.msg))
+        for name, value in _fields(record).items():
+            if isinstance(value, str) and (record.name, name) not in _VERBATIM:
+                setattr(record, name, bounded(value))
+        return True
+
+
+# C0 and C1 controls (ESC starts a terminal's escape sequences), and the Unicode line
+# and paragraph separators that some viewers break lines at.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_controls(text: str) -> str:
+    """A plain line that cannot be made into two, or recolour a terminal: each control
+    character written as its escape (``\\n``, ``\\x1b``). JSON lines escape them already."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in record.__dict__.items() if k not in _RESERVED}
@@ -208,10 +245,11 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(record.created))
-        extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
+        extra = " ".join(f"{k}={escape_controls(str(v))}" for k, v in _fields(record).items())
         index = worker_index()
         who = f"[{index}] " if index is not None else ""
-        line = f"{when} {who}{record.levelname:<7} {record.name}: {record.getMessage()}" + (f"  {extra}" if extra else "")
+        message = escape_controls(record.getMessage())
+        line = f"{when} {who}{record.levelname:<7} {record.name}: {message}" + (f"  {extra}" if extra else "")
         if (exc := _exception(self, record)) is not None:
             line += "\n" + exc
         return line
@@ -226,6 +264,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     # On the handler, not a logger: a logger's filter never sees its children's records.
     handler.addFilter(RedactCredentials())
+    handler.addFilter(BoundLines())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -25,8 +25,8 @@ import numpy as np
 
 from voxwire.engine.audio_queue import Failed, Finished, Flushed, Item
 from voxwire.engine.base import Engine, EngineError, SynthesisParams, WordTiming, WordTimings
-from voxwire.engine.errors import CodedError
-from voxwire.engine.text import normalize
+from voxwire.engine.errors import CodedError, quoted
+from voxwire.engine.text import expanded_length, normalize
 from voxwire.engine.worker import Utterance, Worker
 from voxwire.server.accounting import Accounting
 from voxwire.server.audio import FormatError, FrameCutter, open_encoder, stream_rate
@@ -246,6 +246,7 @@ class Speech:
         self._key = key
         self._cached = cached
         self._text = [request.text]
+        self._chars = expanded_length(request.text)
         capture = pipeline.cache.max_entry_bytes if key is not None and cached is None else 0
         self.framer = Framer(engine_rate, request.settings, capture)
         self._engine_rate = engine_rate
@@ -270,10 +271,12 @@ class Speech:
 
     @property
     def text_chars(self) -> int:
-        return sum(map(len, self._text))
+        """Its text's length so far, as normalisation expands it (``expanded_length``)."""
+        return self._chars
 
     def feed(self, text: str, final: bool) -> None:
         self._text.append(text)
+        self._chars += expanded_length(text)
         self._source.feed(text, final)
 
     def flush(self) -> bool:
@@ -453,7 +456,7 @@ class Pipeline:
                 raise Refused("no_voice", "no voices yet: register one with POST /v1/voices")
             return replace(settings, voice=default)
         if not engine.has_voice(settings.voice):
-            raise Refused("unknown_voice", f"unknown voice {settings.voice!r}; GET /v1/voices lists them")
+            raise Refused("unknown_voice", f"unknown voice {quoted(settings.voice)}; GET /v1/voices lists them")
         return settings
 
     def _open(self, request: UtteranceRequest) -> Speech:
@@ -476,6 +479,17 @@ class Pipeline:
             speech = Speech(self, request, Replay(hit, engine.sample_rate), engine.sample_rate, key, hit)
             self.open_speeches.add(speech)
             return speech
+        lag = self.admission.limits.max_listener_lag_seconds
+        behind = worker.behind_seconds() if lag > 0 else 0.0
+        if behind > lag:
+            # Measured, not counted: the cores are already too few for the listeners the
+            # worker has. One more would make every one of them run dry, not just itself.
+            self.admission.end_utterance()
+            raise Refused(
+                "overloaded",
+                f"the server cannot keep up with its listeners now (one has waited {behind:.1f} s for audio); "
+                "try again shortly", RETRY_AFTER_MS,
+            )
         try:
             utterance = worker.submit(
                 SynthesisParams(

@@ -25,6 +25,7 @@ one costs the engine as much as a letter:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import unicodedata
@@ -182,3 +183,19 @@ def normalize(text: str) -> str:
     """Normalise a whole text: NFKC, ASCII punctuation, no controls, single spaces,
     combining marks bounded."""
     return normalize_piece(text).strip()
+
+
+@functools.lru_cache(maxsize=8192)  # bounded: a client chooses which characters it sends
+def _expanded(char: str) -> int:
+    return len(unicodedata.normalize("NFKC", char))
+
+
+def expanded_length(text: str) -> int:
+    """The length of ``text`` as normalisation expands it: each character counts as many
+    as its compatibility form has (U+FDFA, one character, is eighteen). Length limits
+    count this, or a short text could stand for a long one. Character by character, so
+    that it stays linear where NFKC of a whole text is not (a long run of combining
+    marks sorts in quadratic time) and can run on the event loop."""
+    if text.isascii():
+        return len(text)
+    return sum(map(_expanded, text))

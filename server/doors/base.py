@@ -19,6 +19,7 @@ again:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -29,9 +30,10 @@ from typing import ClassVar, Generic, TypeVar
 
 from starlette.routing import BaseRoute
 
+from voxwire.engine.text import expanded_length
 from voxwire.server.accounting import Accounting
 from voxwire.server.config import ServerConfig
-from voxwire.server.limits import Admission, Limits, TokenBucket
+from voxwire.server.limits import MIN_CONNECTIONS_PER_CLIENT, Admission, Limits, TokenBucket
 from voxwire.server.pipeline import Done, Event, FailedEvent, Pipeline, Refused, Speech, UtteranceRequest
 from voxwire.server.protocol import StreamSettings
 
@@ -42,6 +44,9 @@ Shutdown = Callable[[], Awaitable[None]]
 
 Message = TypeVar("Message")
 
+FLOOD_WINDOW_SECONDS = 10.0
+"""The window ``Limits.max_dropped_messages`` counts over (as a token bucket's refill)."""
+
 
 class ListenerStalled(ConnectionError):
     """The client takes none of its audio: a send waited the stall timeout beyond the time
@@ -49,6 +54,11 @@ class ListenerStalled(ConnectionError):
     its slots are free; the door drops the connection without waiting on it (nothing, a
     close included, can reach the client now). A ConnectionError, as a send on a
     connection that has gone is: either way the connection is unusable."""
+
+
+class Flooded(Exception):
+    """The client kept sending far over its message rate (``TextBudget.tolerate_drop``):
+    the door closes the connection, saying why where its protocol can (1008 on a socket)."""
 
 
 class Gate:
@@ -61,17 +71,42 @@ class Gate:
         self.draining = False
         self.connections: dict[object, Shutdown] = {}
         """Every open connection, with what ends it at the drain deadline."""
+        self.clients: collections.Counter[str] = collections.Counter()
+        """Open connections by client address, in this process (``per_client``)."""
 
-    def refusal(self) -> Refused | None:
+    @property
+    def per_client(self) -> int:
+        """The most connections one client address may hold: ``max_connections_per_client``,
+        by default a quarter of ``max_connections`` (at least ``MIN_CONNECTIONS_PER_CLIENT``),
+        so that one client cannot hold every slot and lock everyone else out."""
+        limits = self.admission.limits
+        return limits.max_connections_per_client or max(MIN_CONNECTIONS_PER_CLIENT, limits.max_connections // 4)
+
+    def refusal(self, client: str | None = None) -> Refused | None:
         """Why a new connection may not speak now; None when it may, having taken a
-        connection slot (given back by ``Door.connection``)."""
+        connection slot (given back by ``Door.connection``) and, from a ``client`` address,
+        one of that client's (given back by ``leave``)."""
         if self.draining:
             return Refused("shutting_down", "the server is shutting down")
         if not self._ready():
             return Refused("not_ready", "the server is not ready; try again shortly")
+        if client is not None and self.clients[client] >= self.per_client:
+            return Refused(
+                "client_at_capacity", f"this address has {self.per_client} connections open, the most one client may",
+            )
         if not self.admission.try_connect():
             return Refused("at_capacity", "the server is at capacity; try again in a second")
+        if client is not None:
+            self.clients[client] += 1
         return None
+
+    def leave(self, client: str | None) -> None:
+        """A connection admitted from ``client`` has ended (its slot is ``Door.connection``'s)."""
+        if client is None:
+            return
+        self.clients[client] -= 1
+        if self.clients[client] <= 0:
+            del self.clients[client]
 
 
 @dataclass(frozen=True)
@@ -95,16 +130,24 @@ class TextBudget:
         self.chars = 0
         """Characters this connection has had spoken so far."""
         self._bucket = TokenBucket(limits.messages_per_second, limits.message_burst)
+        self._drops = TokenBucket(limits.max_dropped_messages / FLOOD_WINDOW_SECONDS, limits.max_dropped_messages)
 
     def take_message(self) -> bool:
         """One more message may be read now; False: it is to be dropped."""
         return self._bucket.take()
 
+    def tolerate_drop(self) -> bool:
+        """One more message was dropped; False: the connection has had more than
+        ``max_dropped_messages`` dropped within ``FLOOD_WINDOW_SECONDS``, a flood, to be cut."""
+        return self._drops.take()
+
     def refusal(self, text: str, utterance_chars: int = 0) -> Refused | None:
-        """Why ``text`` may not join an utterance that has ``utterance_chars`` already."""
-        if utterance_chars + len(text) > self.limits.max_text_chars:
+        """Why ``text`` may not join an utterance that has ``utterance_chars`` already.
+        Characters count as normalisation expands them (``expanded_length``)."""
+        chars = expanded_length(text)
+        if utterance_chars + chars > self.limits.max_text_chars:
             return Refused("text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance")
-        if self.chars + len(text) > self.limits.max_session_chars:
+        if self.chars + chars > self.limits.max_session_chars:
             return Refused(
                 "session_text_limit",
                 f"a connection may send at most {self.limits.max_session_chars} characters; open a new one",
@@ -112,7 +155,7 @@ class TextBudget:
         return None
 
     def spend(self, text: str) -> None:
-        self.chars += len(text)
+        self.chars += expanded_length(text)
 
 
 class Conversation(Generic[Message]):

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import math
 import secrets
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,6 +33,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from voxwire.engine.base import Engine, EngineError
 from voxwire.engine.errors import CodedError
+from voxwire.engine.text import expanded_length
 from voxwire.server import auth
 from voxwire.server.audio import content_type
 from voxwire.server.bodies import Body, TooLarge, declared_media_type
@@ -72,9 +74,18 @@ OPENAI_MIN_SPEED, OPENAI_MAX_SPEED = 0.25, 4.0
 CLIENT_CLOSED_REQUEST = 499
 
 
-def openai_error(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+def openai_error(
+    status: int, message: str, code: str, param: str | None = None, retry_after_ms: int | None = None,
+) -> JSONResponse:
+    """An error in OpenAI's shape. A 429 is the service's load, not a fault in the request:
+    OpenAI's SDKs retry it, after ``Retry-After`` (seconds) or ``retry-after-ms``."""
+    kind = "server_error" if status >= 500 else "rate_limit_error" if status == 429 else "invalid_request_error"
+    headers = {}
+    if retry_after_ms is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after_ms / 1000))), "retry-after-ms": str(retry_after_ms)}
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status, headers=headers,
+    )
 
 
 class Invalid(CodedError):
@@ -164,8 +175,12 @@ def parse_request(body: object) -> OpenAIRequest:
     required_text(body, "model")
     text = required_text(body, "input")
     voice = voice_id(body.get("voice"))
-    if len(text) > MAX_INPUT_CHARS:
-        raise Invalid(f"'input' is limited to {MAX_INPUT_CHARS} characters", "text_too_long", "input")
+    # Counted as normalisation expands them, as every door counts: one U+FDFA is 18.
+    if expanded_length(text) > MAX_INPUT_CHARS:
+        raise Invalid(
+            f"'input' is limited to {MAX_INPUT_CHARS} characters (a character that normalisation expands, "
+            "such as a ligature, counts as what it becomes)", "text_too_long", "input",
+        )
     fmt = response_format(optional(body, "response_format", DEFAULT_FORMAT))
     check_stream_format(optional(body, "stream_format", "audio"))
     # Taken and ignored, as OpenAI itself does for tts-1: the engines here have no
@@ -225,11 +240,16 @@ class OpenAIDoor(Door):
     name = "http"
 
     def routes(self) -> list[BaseRoute]:
-        return [Route("/v1/audio/speech", self.speech, methods=["POST"])]
+        return [Route("/v1/audio/speech", self.endpoint, methods=["POST"])]
+
+    async def endpoint(self, request: Request) -> Response:
+        """A request with the key, as a connection through the gate (``_Admitted``)."""
+        if not auth.presents_valid_key(self.config.auth, request.headers, request.query_params):
+            return openai_error(401, auth.HTTP_KEY_REFUSED, "unauthorized")
+        return _Admitted(self, request)
 
     async def speech(self, request: Request) -> Response:
-        if not auth.presents_valid_key(self.config.auth, request.headers, request.query_params):
-            return openai_error(401, "a valid API key is required", "unauthorized")
+        """An admitted request's answer."""
         defaults = self.host.defaults()
         if defaults is None:
             return openai_error(503, "the engine is loading", "not_ready")
@@ -245,7 +265,8 @@ class OpenAIDoor(Door):
             speech = self.open(asked.text, True, settings, ids)
         except Refused as e:
             status = _REFUSED_STATUS.get(e.code, 503)
-            return openai_error(status, e.message, e.code, "voice" if e.code in ("unknown_voice", "no_voice") else None)
+            param = "voice" if e.code in ("unknown_voice", "no_voice") else None
+            return openai_error(status, e.message, e.code, param, e.retry_after_ms or None)
 
         async def body() -> AsyncIterator[bytes]:
             if asked.fmt == "wav":
@@ -311,6 +332,43 @@ class OpenAIDoor(Door):
         except EngineError as e:
             self.refused(e.code, ids)
             return openai_error(503, e.message, e.code)
+
+
+# A refusal at the gate: the server's load, or this client's, is retried after a second.
+_GATE_STATUS = {"at_capacity": 429, "client_at_capacity": 429}
+
+
+class _Admitted(Response):
+    """A request through the gate, as every door's connections go: refused there (429 at
+    capacity, this client's or the server's; 503 loading or shutting down), or holding a
+    connection slot, and one of its client's, from before its body is read until its
+    response has been sent, however it ends."""
+
+    def __init__(self, door: OpenAIDoor, request: Request) -> None:
+        super().__init__()
+        self.door = door
+        self.request = request
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        door, request = self.door, self.request
+        # Its address, or the one a trusted proxy forwards (uvicorn's proxy headers).
+        client = request.client.host if request.client else None
+        refusal = door.gate.refusal(client)
+        if refusal is not None:
+            door.refuse_connection(refusal.code)
+            status = _GATE_STATUS.get(refusal.code, 503)
+            await openai_error(status, refusal.message, refusal.code, retry_after_ms=1000)(scope, receive, send)
+            return
+        try:
+            # At the drain's deadline its utterance is failed, which ends the body: nothing more to do.
+            async with door.connection(self, _ended_already):
+                await (await door.speech(request))(scope, receive, send)
+        finally:
+            door.gate.leave(client)
+
+
+async def _ended_already() -> None:
+    pass
 
 
 class StreamFailed(Exception):

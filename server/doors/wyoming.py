@@ -44,12 +44,12 @@ from wyoming.ping import Ping, Pong
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from voxwire.engine.base import Engine, EngineError
-from voxwire.engine.errors import CodedError
+from voxwire.engine.errors import CodedError, quoted
 from voxwire.server.doors.base import Conversation, Door, Host, ListenerStalled
-from voxwire.server.net import is_loopback
+from voxwire.server.net import unauthenticated_host
 from voxwire.server.pipeline import AudioFrame, Done, Event as SpeechEvent, FailedEvent, Refused, Speech
 from voxwire.server.protocol import StreamSettings
-from voxwire.server.sockets import GOODBYE_SECONDS, listening_socket
+from voxwire.server.sockets import GOODBYE_SECONDS, handed, listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -206,10 +206,7 @@ class WyomingSession(Conversation[Received]):
             return await self._end_of_input()
         self.last_active_at = time.monotonic()
         if not self._budget.take_message():
-            await self.send(error(
-                "rate_limited", f"more than {self.limits.messages_per_second:g} events per second; this one was dropped",
-            ))
-            return True
+            return await self._drop(event)
         try:
             return await self._dispatch(event)
         except BadField as e:
@@ -217,8 +214,26 @@ class WyomingSession(Conversation[Received]):
             return True
         except (KeyError, TypeError, ValueError, AttributeError):
             # The event classes read fields as they find them; a wrong shape is the client's.
-            await self.send(error("invalid_event", f"a {event.type!r} event with fields of the wrong shape"))
+            await self.send(error("invalid_event", f"a {quoted(event.type)} event with fields of the wrong shape"))
             return True
+
+    async def _drop(self, event: Event) -> bool:
+        """Answer an event the rate limit dropped; False: close. A dropped chunk of a
+        streamed text, or its synthesize-stop, would leave a hole in the speech, or the
+        speech open for ever: the utterance fails and the connection closes, as on any
+        failure here. So does a client that keeps sending far over the rate."""
+        said = f"more than {self.limits.messages_per_second:g} events per second; this one was dropped"
+        if not self._budget.tolerate_drop():
+            log.info("wyoming connection %s: closing a connection that floods", self.id)
+            await self.send(error("rate_limited", f"{said}; closing a connection that keeps sending too fast"))
+            return False
+        streamed_text = SynthesizeChunk.is_type(event.type) or SynthesizeStop.is_type(event.type)
+        if streamed_text and self._streaming:
+            await self._stop("failed", "rate_limited")
+            await self.send(error("rate_limited", f"{said}; it carried text, so its utterance has ended"))
+            return False
+        await self.send(error("rate_limited", said))
+        return True
 
     async def _dispatch(self, event: Event) -> bool:
         if Describe.is_type(event.type):
@@ -251,7 +266,7 @@ class WyomingSession(Conversation[Received]):
         elif SynthesizeStop.is_type(event.type):
             return await self._feed("", final=True)
         else:
-            await self.send(error("unknown_event", f"this server does not answer {event.type!r} events"))
+            await self.send(error("unknown_event", f"this server does not answer {quoted(event.type)} events"))
         return True
 
     async def _busy(self) -> bool:
@@ -440,8 +455,10 @@ class WyomingDoor(Door):
     """The Wyoming TCP listener beside the HTTP one, in the same process and loop.
 
     The socket is bound when the service loads (so a port in use ends startup with one
-    line), and served once the loop runs. With ``--workers``, every worker binds the same
-    port with SO_REUSEPORT, as the HTTP port is, and the kernel spreads connections.
+    line), and served once the loop runs. With ``--workers``, the parent claims the port
+    for them all, as it does the HTTP port (``port_group``, server/sockets.py: a second
+    server is refused it), and hands each worker its socket; a worker that replaces a dead
+    one joins them with SO_REUSEPORT. The kernel spreads connections over the workers.
     Off (nothing bound) unless ``wyoming_port`` is set.
     """
 
@@ -464,7 +481,7 @@ class WyomingDoor(Door):
             return
         host = wyoming_host(config.host, config.auth.required, config.wyoming_allow_unauthenticated)
         try:
-            sock = listening_socket(
+            sock = handed(config.wyoming_port) or listening_socket(
                 host, config.wyoming_port, reuse_port=config.workers > 1,
                 stall_timeout_seconds=self.limits.stall_timeout_seconds,
             )
@@ -547,10 +564,10 @@ def wyoming_host(host: str, api_keys_set: bool, allow_unauthenticated: bool) -> 
     """Where the Wyoming port listens. Wyoming has no authentication: with API keys set,
     anyone reaching it would bypass them, so it stays on loopback unless the operator
     allows it explicitly."""
-    if api_keys_set and not allow_unauthenticated and not is_loopback(host):
+    listen = unauthenticated_host(host, api_keys_set, allow_unauthenticated)
+    if listen != host:
         log.warning(
-            "API keys are set and Wyoming has no authentication: the Wyoming port listens on 127.0.0.1 only "
-            "(--wyoming-allow-unauthenticated to listen on %s)", host,
+            "API keys are set and Wyoming has no authentication: the Wyoming port listens on %s only "
+            "(--wyoming-allow-unauthenticated to listen on %s)", listen, host,
         )
-        return "127.0.0.1"
-    return host
+    return listen

@@ -204,3 +204,44 @@ async def test_an_utterance_past_the_ceiling_ends_with_utterance_too_long_over_w
             pytest.fail("no error event")
     samples = np.frombuffer(bytes(audio), np.int16)
     assert 0 < samples.size <= rate and np.abs(samples).max() > 1000
+
+
+# One character that normalisation makes eighteen: once 150 of them spoke for 577 s,
+# counted as 150 characters against every length limit.
+EXPANDING = "\ufdfa"
+
+
+@pytest.fixture(scope="module")
+def small_text_server() -> Iterator[RunningServer]:
+    config = ServerConfig(cache_mb=0, wyoming_port=0, limits=Limits(max_text_chars=100))
+    with run_server(config, engine=ToneEngine) as s:
+        yield s
+
+
+async def test_length_limits_count_text_as_normalisation_expands_it_on_every_door(small_text_server):
+    s = small_text_server
+    async with await Client.connect(s.ws) as client:
+        with pytest.raises(Exception) as whole:  # 10 characters, 180 once expanded
+            await (await client.speak(EXPANDING * 10)).collect()
+        assert whole.value.code == "text_too_long"
+        u = await client.speak("la la ", final=False)
+        await u.send(EXPANDING * 5)  # 6 + 90 expanded: fits
+        await u.send(EXPANDING)  # 6 + 108: refused, and the utterance goes on
+        async for item in u:
+            if getattr(item, "type", None) == "error":
+                break
+        assert item["code"] == "text_too_long" and item["terminal"] is False
+        await u.send("la.", final=True)
+        async for item in u:
+            pass
+        assert item.type == "done"
+        audio, end = await (await client.speak("la " * 30)).collect()  # 90 plain characters fit
+        assert end.type == "done" and audio
+    body = {"model": "tts-1", "input": EXPANDING * 300, "voice": "tone", "response_format": "pcm"}
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(f"{s.http}/v1/audio/speech", json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "text_too_long"
+    async with AsyncTcpClient("127.0.0.1", s.service.doors["wyoming"].port) as wyoming:
+        await wyoming.write_event(Synthesize(text=EXPANDING * 10).event())
+        event = await asyncio.wait_for(wyoming.read_event(), 60)
+        assert event is not None and Error.is_type(event.type) and Error.from_event(event).code == "text_too_long"

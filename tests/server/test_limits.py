@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgpack
 import orjson
 import pytest
 import websockets
@@ -22,7 +23,21 @@ from voxwire.server.limits import (
 )
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
+from tests.fixtures.waiting import wait_until
 from voxwire_client import Client
+from voxwire_client.client import ServerError
+
+
+async def recv_json(ws: websockets.ClientConnection, timeout: float = 10) -> dict:
+    """The next control message, past any audio frame."""
+    while True:
+        message = await asyncio.wait_for(ws.recv(), timeout)
+        if isinstance(message, str):
+            return orjson.loads(message)
+
+
+def speak(ctx: str, text: str, final: bool) -> str:
+    return orjson.dumps({"type": "speak", "ctx": ctx, "text": text, "final": final}).decode()
 
 
 async def test_message_flood_is_rate_limited_and_the_session_goes_on():
@@ -32,17 +47,106 @@ async def test_message_flood_is_rate_limited_and_the_session_goes_on():
             u = await client.speak("", ctx="flood", final=False)
             for _ in range(60):  # far faster than 20 per second
                 await u.send("word ")
-            items = []
-            async for item in u:
-                items.append(item)
-                if getattr(item, "type", None) == "error":
-                    break
-            assert items[-1]["code"] == "rate_limited" and items[-1]["terminal"] is False
+            with pytest.raises(ServerError) as dropped:  # terminal: the utterance lost text
+                async for _ in u:
+                    pass
+            assert dropped.value.code == "rate_limited"
             await asyncio.sleep(1.0)  # the bucket refills
-            await u.send("end.", final=True)
-            async for item in u:
+            frames, done = await (await client.speak("The session goes on.", ctx="next")).collect()
+            assert done.type == "done" and frames
+
+
+async def test_a_dropped_text_message_never_leaves_its_utterance_open_or_holed():
+    """The trial's case: streams whose final speak was dropped never ended (no done in
+    25 s), each holding a slot until the idle timeout. A dropped text piece now ends its
+    utterance, terminally and at once; a ctx whose first piece was dropped is spent, so
+    its later pieces cannot open an utterance missing its start."""
+    limits = Limits(messages_per_second=5, message_burst=4)
+    with run_server(ServerConfig(limits=limits), engine=ToneEngine) as s:
+        async with websockets.connect(s.ws) as ws:
+            await recv_json(ws)  # ready
+            await ws.send(speak("a", "one ", False))
+            assert (await recv_json(ws))["type"] == "started"
+            for word in ("two ", "three ", "four "):
+                await ws.send(speak("a", word, False))
+            await ws.send(speak("a", "five.", True))  # the final piece: over the burst, dropped
+            await ws.send(speak("b", "never started ", False))  # a new ctx's first piece, dropped
+            answers = [await recv_json(ws), await recv_json(ws)]
+            ended, spent = answers
+            assert ended["code"] == "rate_limited" and ended["ctx"] == "a" and ended["terminal"] is True
+            assert "ended" in ended["message"]
+            assert spent["code"] == "rate_limited" and spent["ctx"] == "b" and spent["terminal"] is True
+            await asyncio.sleep(1.2)  # the bucket refills
+            await ws.send(speak("b", "the rest.", True))
+            refused = await recv_json(ws)
+            assert refused["code"] == "ctx_finished" and refused["ctx"] == "b"
+        await wait_until(lambda: s.service.pipeline.admission.utterances == 0)
+
+
+async def test_a_cancel_is_never_dropped_by_the_rate_limit():
+    limits = Limits(messages_per_second=0.1, message_burst=1)
+    with run_server(ServerConfig(limits=limits), engine=lambda: ToneEngine(step_delay=0.05)) as s:
+        async with websockets.connect(s.ws) as ws:
+            await recv_json(ws)
+            await ws.send(speak("a", "la " * 200 + ".", True))  # the bucket's only token
+            assert (await recv_json(ws))["type"] == "started"
+            await ws.send(orjson.dumps({"type": "flush", "ctx": "a"}).decode())
+            assert (await recv_json(ws))["code"] == "rate_limited"  # the bucket is empty
+            await ws.send(orjson.dumps({"type": "cancel", "ctx": "a"}).decode())
+            assert (await recv_json(ws))["type"] == "cancelled"
+
+
+async def test_a_client_that_keeps_flooding_is_cut_and_the_others_are_served():
+    """The trial's flood: sockets writing pre-built progress frames as fast as they could
+    drew 78 MB of rate_limited answers in 30 s and were never disconnected. Past
+    max_dropped_messages within 10 s the socket is closed with 1008."""
+    limits = Limits(messages_per_second=20, message_burst=20, max_dropped_messages=100)
+    progress = msgpack.packb({"type": "progress", "ctx": "x", "played": 1})
+    with run_server(ServerConfig(limits=limits), engine=ToneEngine) as s:
+        async with websockets.connect(s.ws) as flooder, await Client.connect(s.ws) as client:
+            await recv_json(flooder)
+            answers = 0
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                for _ in range(5000):
+                    await flooder.send(progress)
+                    while True:  # read what has come, so the answers do not back up
+                        try:
+                            message = await asyncio.wait_for(flooder.recv(), 0.0001)
+                        except TimeoutError:
+                            break
+                        answers += orjson.loads(message)["code"] == "rate_limited"
+                await asyncio.wait_for(flooder.recv(), 10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+            assert "dropped" in closed.value.rcvd.reason
+            assert 0 < answers <= 101  # every drop answered, up to the cut
+            frames, done = await (await client.speak("Another client is served.")).collect()
+            assert done.type == "done" and frames
+
+
+async def test_newcomers_are_refused_while_the_worker_cannot_keep_up_with_its_listeners():
+    """At 32 real-time listeners on 2 cores every one of them underran, because the fixed
+    utterance limit (64) was above what the cores could serve. Admission now follows the
+    measure: while a listener is out of audio still to be computed, a newcomer is
+    refused (overloaded, retry_after_ms), and served once the worker keeps up again."""
+    # 0.1 s of tone a step of 0.05 s: this worker keeps two listeners in real time, not four.
+    with run_server(ServerConfig(cache_mb=0), engine=lambda: ToneEngine(step_delay=0.05)) as s:
+        async with websockets.connect(s.ws, max_size=None) as ws:
+            await recv_json(ws)
+            for i in range(4):
+                await ws.send(speak(f"p{i}", "la " * 60 + ".", True))
+            worker = s.service.worker
+            await wait_until(lambda: worker.behind_seconds() > 0.5)
+            await ws.send(speak("late", "one more.", True))
+            while (refused := await recv_json(ws)).get("ctx") != "late":
                 pass
-            assert item.type == "done"
+            assert refused["code"] == "overloaded" and "cannot keep up" in refused["message"]
+            assert refused["retry_after_ms"] > 0 and refused["terminal"] is True
+            for i in range(4):
+                await ws.send(orjson.dumps({"type": "cancel", "ctx": f"p{i}"}).decode())
+            await ws.send(speak("later", "one more.", True))
+            while (answer := await recv_json(ws)).get("ctx") != "later" or answer["type"] == "started":
+                pass
+            assert answer["type"] == "done"
 
 
 async def test_text_per_session_is_bounded():

@@ -16,6 +16,8 @@ import websockets
 
 from voxwire.server.limits import WORKER_INDEX_ENV
 from voxwire.server.logs import (
+    MAX_LOGGED_CHARS,
+    BoundLines,
     JsonFormatter,
     RedactCredentials,
     TextFormatter,
@@ -345,3 +347,58 @@ def test_configure_logging_says_once_that_a_worker_index_is_not_one(monkeypatch,
     warning, after = [orjson.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert warning["level"] == "warning" and "'replica-3f2a9c1e'" in warning["msg"] and "worker" not in warning
     assert after["msg"] == "after" and "worker" not in after
+
+
+# A voice name a hostile client chose: long (once echoed whole into the error and its log
+# line: 24 MB/s of log from one socket), with a forged line and a terminal escape in it.
+FORGED = "\n12:00:00 INFO    voxwire.auth: admin logged in\x1b[2J"
+HOSTILE_VOICE = "v" * 250_000 + FORGED
+
+
+@pytest.mark.slow  # a spawned server
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_client_chosen_strings_neither_grow_the_log_nor_forge_its_lines(tmp_path, log_format):
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "voxwire", "serve", "--port", str(port), "--log-format", log_format,
+             "--wyoming-port", "0"],
+            stdout=subprocess.DEVNULL, stderr=log_file, text=True,
+        )
+    try:
+        url = f"ws://127.0.0.1:{port}/v1/stream"
+        await _wait_listening(url, proc)
+        async with websockets.connect(url, max_size=2**20) as ws:
+            await ws.recv()  # ready
+            for message in ({"type": "config", "voice": HOSTILE_VOICE},
+                            {"type": "speak", "ctx": "u1", "text": "Hello.", "voice": HOSTILE_VOICE},
+                            {"type": HOSTILE_VOICE}):
+                await ws.send(orjson.dumps(message).decode())
+                answer = orjson.loads(await ws.recv())
+                assert answer["type"] == "error" and len(answer["message"]) < 300, answer["code"]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            voice = HOSTILE_VOICE[-30_000:]  # within the route's body bound
+            r = await http.post("/v1/audio/speech", json={**SPEECH, "voice": voice, "input": "Hello."})
+            assert r.status_code == 400 and len(r.content) < 1000
+        await asyncio.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    logged = log_path.read_text()
+    assert len(logged) < 50_000, f"{len(logged)} characters logged for 4 refusals"
+    assert "\x1b" not in logged and "vvvv" in logged  # the voice is named, cut and escaped
+    assert not any(line.startswith("12:00:00") for line in logged.splitlines())
+    if log_format == "json":
+        assert all(orjson.loads(line) for line in logged.splitlines() if line.strip())
+
+
+def test_text_lines_escape_controls_and_every_line_is_bounded():
+    record = logging.LogRecord("voxwire.x", logging.INFO, __file__, 1, "asked for %s", ("a" * 100 + FORGED,), None)
+    record.voice = "\x1b[31m" + "b" * 10_000
+    for f in (RedactCredentials(), BoundLines()):
+        f.filter(record)
+    line = TextFormatter().format(record)
+    assert "\n" not in line and "\x1b" not in line and "\\n12:00:00" in line and "\\x1b[2J" in line
+    assert len(line) < MAX_LOGGED_CHARS + 300 and "more characters]" in line
+    assert len(orjson.loads(JsonFormatter().format(record))["voice"]) < MAX_LOGGED_CHARS + 50

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import msgpack
 import numpy as np
 import orjson
@@ -309,6 +310,13 @@ async def test_server_wide_utterance_limit_answers_overloaded(tone_server):
         with pytest.raises(Exception) as e:
             await Client.connect(tone_server.ws)
         assert getattr(e.value, "code", None) == 1013
+        # The OpenAI route: a 429 that OpenAI's SDKs retry after Retry-After, typed as the
+        # service's load rather than a fault in the request.
+        body = {"model": "tts-1", "voice": "tone", "input": "no room.", "response_format": "pcm"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(f"{tone_server.http}/v1/audio/speech", json=body)
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
         for h in held:
             await h.send("", final=True)
             await h.collect()

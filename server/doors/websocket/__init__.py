@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voxwire.server import auth
-from voxwire.server.doors.base import Conversation, Door, ListenerStalled
+from voxwire.server.doors.base import Conversation, Door, Flooded, ListenerStalled
 from voxwire.server.doors.websocket.session import Session
 from voxwire.server.sockets import GOODBYE_SECONDS
+
+log = logging.getLogger(__name__)
 
 # WebSocket close codes (RFC 6455 section 7.4.1, and the IANA registry for 1013).
 CLOSE_NORMAL = 1000
@@ -48,7 +51,9 @@ class WebSocketDoor(Door):
             self.refuse_connection("unauthorized", CLOSE_POLICY)
             await ws.close(CLOSE_POLICY, auth.KEY_REFUSED)
             return
-        refusal = self.gate.refusal()
+        # Per client: its address, or the one a trusted proxy forwards (uvicorn's proxy headers).
+        client = ws.client.host if ws.client else None
+        refusal = self.gate.refusal(client)
         if refusal is not None:
             code = GATE_CLOSE_CODES.get(refusal.code, CLOSE_TRY_AGAIN_LATER)
             self.refuse_connection(refusal.code, code)
@@ -70,6 +75,7 @@ class WebSocketDoor(Door):
             except (WebSocketDisconnect, RuntimeError):
                 pass  # the socket went away (RuntimeError: a send after the close)
             finally:
+                self.gate.leave(client)
                 await session.close()
 
 
@@ -95,7 +101,12 @@ class _Connection(Conversation[Message]):
         if message["type"] == "websocket.disconnect":
             return False
         data = message.get("text")
-        await self.session.handle(data if data is not None else message.get("bytes") or b"")
+        try:
+            await self.session.handle(data if data is not None else message.get("bytes") or b"")
+        except Flooded as e:
+            log.info("session %s: closing a connection that floods: %s", self.session.id, e)
+            await self.close(CLOSE_POLICY, str(e))
+            return False
         return True
 
     def idle_in(self, now: float) -> float:

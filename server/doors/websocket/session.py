@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from voxwire.server import protocol
 from voxwire.server.audio import describe
-from voxwire.server.doors.base import Door, ListenerStalled
+from voxwire.server.doors.base import FLOOD_WINDOW_SECONDS, Door, Flooded, ListenerStalled
 from voxwire.server.pipeline import AudioFrame, Done, Event, FailedEvent, FlushedEvent, Refused, Speech, Words
 from voxwire.server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
 
@@ -105,15 +105,12 @@ class Session:
         self.last_message_at = time.monotonic()
         try:
             message = protocol.parse(data)
-            # Parsed first, so the refusal can name the utterance whose text was dropped.
-            if not self._budget.take_message():
-                dropped = ProtocolError(
-                    "rate_limited",
-                    f"more than {self.limits.messages_per_second:g} messages per second; this message was dropped",
-                    getattr(message, "ctx", None),
-                )
-                dropped.message_type = "progress" if isinstance(message, Progress) else None
-                raise dropped
+            # Parsed first, so the refusal can name the utterance whose text was dropped. A
+            # cancel of an active utterance is never dropped: it only gives work back.
+            stops = isinstance(message, Cancel) and message.ctx in self._live
+            if not stops and not self._budget.take_message():
+                await self._drop(message)
+                return
             if isinstance(message, Configure):
                 await self._config(message)
             elif isinstance(message, Speak):
@@ -125,8 +122,33 @@ class Session:
             elif isinstance(message, Progress):
                 self._progress(message)
         except ProtocolError as e:
-            terminal = {"terminal": self._terminal(e)} if e.ctx is not None else {}
-            await self._send(protocol.error(e.code, e.message, e.ctx, **terminal, **e.extra))
+            await self._send(protocol.error(e.code, e.message, e.ctx, **self._terminal_field(e), **e.extra))
+
+    async def _drop(self, message: protocol.Message) -> None:
+        """Answer a message the rate limit dropped. Text dropped from an utterance leaves
+        it with a hole the client cannot see, or open for ever when the dropped one was its
+        last: so the utterance ends (terminal), and a ctx whose first text was dropped is
+        spent. Raises ``Flooded`` once the client keeps sending far over the rate."""
+        if not self._budget.tolerate_drop():
+            raise Flooded(
+                f"more than {self.limits.max_dropped_messages} messages dropped in {FLOOD_WINDOW_SECONDS:g} s "
+                f"(over {self.limits.messages_per_second:g} per second)"
+            )
+        ctx = getattr(message, "ctx", None)
+        said = f"more than {self.limits.messages_per_second:g} messages per second; this message was dropped"
+        if isinstance(message, Speak):
+            active = self._live.get(ctx) if ctx is not None else None
+            if active is not None and not active.speech.complete:
+                await self._stop(active, "failed", "rate_limited")
+                said += ", and its utterance has ended: its text would have had a hole"
+            elif active is None and ctx is not None:
+                self._remember_ended(ctx)
+        dropped = ProtocolError("rate_limited", said, ctx)
+        dropped.message_type = "progress" if isinstance(message, Progress) else None
+        await self._send(protocol.error(dropped.code, dropped.message, ctx, **self._terminal_field(dropped)))
+
+    def _terminal_field(self, e: ProtocolError) -> dict[str, bool]:
+        return {"terminal": self._terminal(e)} if e.ctx is not None else {}
 
     def _terminal(self, e: ProtocolError) -> bool:
         """An error's ``terminal`` (docs/protocol.md, ``error``): no utterance is active
@@ -286,9 +308,12 @@ class Session:
     def _forget(self, active: ActiveUtterance) -> None:
         if self._live.get(active.ctx) is active:
             del self._live[active.ctx]
-            self._ended[active.ctx] = None
-            if len(self._ended) > ENDED_CTX_REMEMBERED:
-                self._ended.popitem(last=False)
+            self._remember_ended(active.ctx)
+
+    def _remember_ended(self, ctx: str) -> None:
+        self._ended[ctx] = None
+        if len(self._ended) > ENDED_CTX_REMEMBERED:
+            self._ended.popitem(last=False)
 
     async def _stop(self, active: ActiveUtterance, outcome: str, code: str | None = None) -> None:
         """End an utterance from this side (cancel, idle, shutdown, socket gone): its

@@ -5,7 +5,7 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxwire.engine.text import normalize
+from voxwire.engine.text import expanded_length, normalize
 from voxwire.engine.text.normalize import normalize_piece
 
 # The tests' own oracle: a mark extends the cluster of the character before it (UAX #29),
@@ -123,3 +123,15 @@ def test_unicode_facts_the_segmenter_relies_on():
 def test_an_acute_accent_typed_for_an_apostrophe_is_one():
     assert normalize("don\u00b4t") == "don't"
     assert normalize("caf\u00e9 \u00b4") == "caf\u00e9 '"
+
+
+@pytest.mark.parametrize("text,length", [
+    ("plain ASCII", 11), ("\ufdfa", 18), ("\ufb01ne", 4), ("caf\u00e9", 4), ("\u00bd", 3), ("\u4e2d\u6587", 2),
+])
+def test_expanded_length_counts_what_normalisation_makes_of_each_character(text, length):
+    assert expanded_length(text) == length
+
+
+def test_expanded_length_is_nfkcs_for_texts_that_compose_nothing():
+    text = "\ufdfa\u2474 \ufb03x \u3392 plain"
+    assert expanded_length(text) == len(unicodedata.normalize("NFKC", text))

@@ -16,7 +16,8 @@ from wyoming.audio import AudioChunk
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event, async_read_event, write_event
-from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+from wyoming.info import Describe
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
 from voxwire.server.limits import Limits
 from tests.conftest import RunningServer
@@ -24,6 +25,7 @@ from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import WORD_SECONDS
 from tests.server.test_stream import assert_speech
 from tests.server.test_metrics import scrape
+from tests.fixtures.waiting import wait_until
 from tests.server.doors.test_wyoming import (
     THREE, THREE_WORDS, TONE_TEXT, Heard, assert_tones, hear, port, tone_server, utterance_lines,
 )
@@ -272,3 +274,26 @@ async def test_a_voice_without_a_name_speaks_the_default_voice(tone, voice):
     async with AsyncTcpClient("127.0.0.1", port(tone)) as client:
         await client.write_event(Event(type="synthesize", data={"text": TONE_TEXT, "voice": voice}))
         assert_tones(await hear(client))
+
+
+async def test_a_dropped_chunk_of_streamed_text_ends_the_utterance_and_the_connection():
+    """A chunk (or synthesize-stop) the rate limit drops would leave a hole in the text, or
+    the utterance open: it fails, and the client is told before the connection closes."""
+    limits = Limits(messages_per_second=0.5, message_burst=3)
+    with tone_server(limits) as s:
+        answers = await half_closed(
+            s, SynthesizeStart().event(), SynthesizeChunk(text="one two ").event(),
+            SynthesizeChunk(text="three ").event(), SynthesizeChunk(text="four.").event(), SynthesizeStop().event(),
+        )
+        errors = [Error.from_event(e) for e in answers if Error.is_type(e.type)]
+        assert errors and errors[0].code == "rate_limited" and "ended" in errors[0].text
+        assert not any(SynthesizeStopped.is_type(e.type) for e in answers)
+        await wait_until(lambda: s.service.pipeline.admission.utterances == 0)
+
+
+async def test_a_wyoming_client_that_keeps_flooding_is_cut():
+    limits = Limits(messages_per_second=1, message_burst=1, max_dropped_messages=20)
+    with tone_server(limits) as s:
+        answers = await half_closed(s, *[Describe().event()] * 500)
+        codes = [Error.from_event(e).code for e in answers if Error.is_type(e.type)]
+        assert codes == ["rate_limited"] * 21  # the 21st drop is the flood: answered, then cut
