@@ -28,7 +28,8 @@ from voxwire.server.app import create_app
 from voxwire.server.config import ServerConfig
 from voxwire.server.doors.base import Gate
 from voxwire.server.limits import Limits
-from voxwire.server.run import DrainingServer, HttpConnections, http_server, listening_line
+from voxwire.server.http_guard import HttpConnections
+from voxwire.server.run import DrainingServer, http_server, listening_line
 from voxwire.server.sockets import listening_socket
 from tests.conftest import RunningServer, free_port
 from tests.fixtures.engines import ToneEngine
@@ -156,7 +157,7 @@ def test_the_probes_and_a_websocket_get_in_past_hundreds_of_held_connections(cap
     /healthz answers and a WebSocket opens, and the shedding is logged once, not 268
     times. (Without the bound, 20,200 such sockets took every file descriptor.)"""
     config = ServerConfig(max_http_connections=32, header_timeout_seconds=60, body_timeout_seconds=60, cache_mb=0)
-    with guarded_server(config) as s, caplog.at_level(logging.WARNING, logger="voxwire.server.run"):
+    with guarded_server(config) as s, caplog.at_level(logging.WARNING, logger="voxwire.server.http_guard"):
         held = [connect(s, (b"", HALF_HEAD, HALF_BODY)[i % 3]) for i in range(300)]
         assert httpx.get(f"{s.http}/healthz", timeout=10).status_code == 200
 

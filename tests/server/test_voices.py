@@ -352,16 +352,22 @@ def silence(seconds: int, rate: int, channels: int = 1, fmt: str = "FLAC") -> by
     return buf.getvalue()
 
 
-def test_decode_audio_reads_no_more_than_a_reference_could_need(monkeypatch):
-    decoded: list[int] = []  # frames libsndfile decoded, per read
+@pytest.fixture
+def decoded(monkeypatch) -> list[int]:
+    """The frames libsndfile decodes, per read, from now on."""
+    counts: list[int] = []
     read = soundfile.SoundFile.read
 
     def counted(self, *args, **kwargs):
         out = read(self, *args, **kwargs)
-        decoded.append(len(out))
+        counts.append(len(out))
         return out
 
     monkeypatch.setattr(soundfile.SoundFile, "read", counted)
+    return counts
+
+
+def test_decode_audio_reads_no_more_than_a_reference_could_need(decoded):
     # Ten minutes: far past any reference, in 30 kB; and 8 channels at 192 kHz for 20 s,
     # within 60 s but more samples than 60 s of 192 kHz stereo.
     for upload, said in ((silence(600, RATE), "600.0 s"), (silence(20, 192000, channels=8), "8-channel")):
@@ -403,21 +409,13 @@ def test_a_streamed_wav_whose_header_gives_no_length_is_measured_from_its_data(s
     assert "holds 70.0 s of audio" in e.value.message and f"at most {MAX_DECODED_SECONDS} s" in e.value.message
 
 
-def test_a_streamed_flac_whose_header_gives_no_length_is_decoded_up_to_the_limit(monkeypatch):
+def test_a_streamed_flac_whose_header_gives_no_length_is_decoded_up_to_the_limit(decoded):
     reference, _ = decode_audio(reference_wav(2.0))
     with soundfile.SoundFile(io.BytesIO(streamed_flac(reference, RATE))) as f:
         assert f.frames == voices.UNKNOWN_FRAMES  # what libsndfile makes of its header
     audio, rate = decode_audio(streamed_flac(reference, RATE))
     assert rate == RATE and audio.size == reference.size and np.abs(audio - reference).max() < 1e-3
-    decoded: list[int] = []
-    read = soundfile.SoundFile.read
-
-    def counted(self, *args, **kwargs):
-        out = read(self, *args, **kwargs)
-        decoded.append(len(out))
-        return out
-
-    monkeypatch.setattr(soundfile.SoundFile, "read", counted)
+    decoded.clear()  # what follows: decoded no further than it takes to know
     with pytest.raises(EngineError) as e:
         decode_audio(streamed_flac(np.zeros(RATE * (MAX_DECODED_SECONDS + 30), np.float32), RATE))
     assert e.value.code == "audio_too_long"
