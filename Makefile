@@ -1,6 +1,7 @@
 # Two commands: `make serve` and `make test`. Both create .venv when it is missing.
 # Contributors' fast lane: `make check`, the same install as `make test` without the OS
 # packages, runs the tests not marked slow (no browser, nginx, Ray, soak or end-to-end bench).
+# Both type-check server/ and engine/ first (`make typecheck`), and fail where mypy does.
 PYTHON ?= python3
 VENV   ?= .venv
 # HOST and PORT are passed to `voxwire serve` only when given (make serve PORT=9000), so
@@ -18,7 +19,7 @@ SERVE_STAMP := $(VENV)/.voxwire-serve-installed
 TEST_STAMP  := $(VENV)/.voxwire-test-installed
 SERVE_FLAGS := $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
-.PHONY: serve test check install system-packages clean
+.PHONY: serve test check typecheck install system-packages clean
 
 # What the tests need from the OS, from Debian's packages (never a downloaded browser):
 # Chromium and Node for the JS client's tests, nginx for tests/deploy, the flac tool for
@@ -49,6 +50,8 @@ $(BIN)/python:
 ORACLE := tests/engine/cosyvoice2/oracle-requirements.txt
 
 # Reinstall whenever a dependency list changes, so `make serve` and `make test` also update .venv.
+# Editable: the .pth line setuptools writes is the checkout's root, where voxwire/ links to
+# server/, engine/ and benchmarks/ (pyproject.toml), so a new module needs no reinstall.
 $(SERVE_STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e clients/python -e .
 	touch $@
@@ -68,12 +71,17 @@ install: $(SERVE_STAMP)
 serve: $(SERVE_STAMP)
 	$(BIN)/voxwire serve $(SERVE_FLAGS) $(ARGS)
 
-test: system-packages $(TEST_STAMP)
+# mypy on server/ and engine/, as pyproject.toml's [tool.mypy] names them (voxwire.server,
+# voxwire.engine: the checkout's voxwire/ links to the folders).
+typecheck: $(TEST_STAMP)
+	$(BIN)/python -m mypy
+
+test: system-packages typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # No system-packages: what is marked slow (pyproject.toml) is what needs Chromium or nginx.
-check: $(TEST_STAMP)
+check: typecheck
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache

@@ -39,7 +39,7 @@ from voxwire.engine.audio_queue import Finished
 from voxwire.engine.base import SynthesisParams
 from voxwire.engine.registry import EngineOptions, engine_factory
 from voxwire.server.audio import stream_rate
-from voxwire.server.pipeline import Framer
+from voxwire.server.framing import Framer
 from voxwire.server.protocol import StreamSettings
 
 RATE = 22050

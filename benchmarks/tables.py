@@ -98,7 +98,7 @@ def rates(r: dict[str, Any]) -> list[str]:
 
 
 def ray_proxy(r: dict[str, Any]) -> list[str]:
-    """One run of benchmarks/ray_proxy.py: TTFA, stalled readers, sockets held."""
+    """One run of benchmarks/studies/ray_proxy.py: TTFA, stalled readers, sockets held."""
     t = r["ttfa_ms"]
     lines = [
         "| measure | direct (uvicorn) | through Ray's proxy |",
@@ -163,7 +163,7 @@ def wyoming(r: dict[str, Any]) -> list[str]:
 
 
 def contention(r: dict[str, Any]) -> list[str]:
-    """benchmarks/contention.py: first audio quiet and beside busy neighbours, per server."""
+    """benchmarks/studies/contention.py: first audio quiet and beside busy neighbours, per server."""
     lines = [
         "| load | server | first chunk p50 | p95 | max | p95 ÷ quiet p95 | Voxwire p95 ÷ wyoming-piper p95 |",
         "|---|---|---|---|---|---|---|",
@@ -179,7 +179,7 @@ def contention(r: dict[str, Any]) -> list[str]:
 
 
 def contention_floor(r: dict[str, Any]) -> list[str]:
-    """benchmarks/contention.py --engine-only: the engine's first step alone, per load
+    """benchmarks/studies/contention.py --engine-only: the engine's first step alone, per load
     and thread policy."""
     lines = ["| load | engine threads | first step p50 | p95 | max | p95 ÷ quiet adaptive p95 |", "|---|---|---|---|---|---|"]
     for load, by_policy in r["engine_floor"].items():
@@ -282,13 +282,13 @@ def quality_clauses(r: dict[str, Any]) -> list[str]:
 
 
 def precision_layers(r: dict[str, Any]) -> list[str]:
-    from voxwire.benchmarks.precision_convs import layer_table  # imports torch: only when asked
+    from voxwire.benchmarks.studies.precision_convs import layer_table  # imports torch: only when asked
 
     return layer_table(r["layers"])
 
 
 def precision_decoder(r: dict[str, Any]) -> list[str]:
-    from voxwire.benchmarks.precision_convs import decoder_table
+    from voxwire.benchmarks.studies.precision_convs import decoder_table
 
     return decoder_table(r["decoder"])
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from voxwire.engine.base import WordTimings
+from voxwire.engine.worker_lock import WorkerLock
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,12 @@ class AudioQueue:
         loop: asyncio.AbstractEventLoop,
         max_samples: int,
         on_drain: Callable[[], None] = lambda: None,
+        producer: WorkerLock | None = None,
     ) -> None:
+        """``producer``: the worker whose thread alone may ``put`` (checked when thread
+        checks are on; None: unchecked)."""
         self._loop = loop
+        self._producer = producer
         self._max_samples = max_samples
         self._on_drain = on_drain
         self._items: deque[Item] = deque()
@@ -58,6 +63,7 @@ class AudioQueue:
         self._window: int | None = None
         self._produced = 0
         self._played = 0
+        self._ended = False  # end_with was called: the last item is in, nothing follows
 
     @property
     def samples(self) -> int:
@@ -88,12 +94,33 @@ class AudioQueue:
             self._on_drain()
 
     def put(self, item: Item) -> None:
-        """Called from the worker thread."""
+        """Called from the worker thread. Dropped once ``end_with`` has ended the queue."""
+        if self._producer is not None:
+            self._producer.on_worker_thread("AudioQueue.put")
         with self._lock:
+            if self._ended:
+                return
             self._items.append(item)
             if isinstance(item, np.ndarray):
                 self._samples += item.shape[0]
                 self._produced += item.shape[0]
+        self._wake_reader()
+
+    def end_with(self, item: Failed) -> None:
+        """Drop everything queued and make ``item`` the last and only item the consumer
+        gets: later puts are dropped, and ``clear`` keeps it. Any thread; the first call
+        counts."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+            self._items.clear()
+            self._items.append(item)
+            self._samples = 0
+        self._wake_reader()
+        self._on_drain()
+
+    def _wake_reader(self) -> None:
         try:
             self._loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:
@@ -118,8 +145,11 @@ class AudioQueue:
         return item
 
     def clear(self) -> int:
-        """Drop everything queued; return how many samples were dropped."""
+        """Drop everything queued; return how many samples were dropped. An ended queue
+        holds only its last item, which stays."""
         with self._lock:
+            if self._ended:
+                return 0
             dropped = self._samples
             self._items.clear()
             self._samples = 0

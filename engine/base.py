@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from voxwire.engine.errors import CodedError
+from voxwire.engine.errors import CodedError, ErrorCode
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class Engine(ABC):
         audio and transcript give the same voice: ``created`` is true for the one
         registration that made it."""
         raise EngineError(
-            "voice_registration_unsupported", f"the {self.name} engine cannot clone voices"
+            ErrorCode.VOICE_REGISTRATION_UNSUPPORTED, f"the {self.name} engine cannot clone voices"
         )
 
     def warmup(self) -> None:

@@ -54,4 +54,4 @@ def resolve(setting: str, device: str) -> Precision:
         raise ValueError(f"unknown precision {setting!r}; use one of {', '.join(SETTINGS)}")
     if setting == "auto":
         return "bf16" if native_bf16(device) else "fp32"
-    return setting  # type: ignore[return-value]
+    return setting

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from voxwire.engine.base import Engine, EngineError
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.precision import SETTINGS as PRECISIONS
 
 
@@ -143,7 +144,7 @@ def engine_factory(options: EngineOptions) -> Callable[[], Engine]:
     """A function that loads the engine; the worker calls it on its own thread."""
     entry = _TABLE.get(options.name)
     if entry is None:
-        raise EngineError("bad_config", _unknown(options.name))
+        raise EngineError(ErrorCode.BAD_CONFIG, _unknown(options.name))
 
     def load() -> Engine:
         return entry.load(options)

@@ -4,11 +4,11 @@ Each utterance keeps its model state in an engine ``Stream`` between steps, so m
 utterances are alive at once. Each step advances a batch of them together: the ones
 engine/scheduler.py picks, up to the engine's batch size, step budget and memory budget
 (continuous batching: newcomers join between steps, finished ones leave). Callers on the
-event loop only append text, flush or cancel, under the worker's lock; the worker alone
-touches streams, so a cancelled utterance's stream is closed on the thread that runs it,
-before its next step, while the rest of its batch carries on. Text is segmented here too,
-on this thread and outside the lock: text processing, however long, never holds up the
-event loop that every connection shares.
+event loop only append text, flush, cancel or abort, under the worker's lock
+(engine/worker_lock.py); the worker alone touches streams, so a cancelled utterance's
+stream is closed on the thread that runs it, before its next step, while the rest of its
+batch carries on. Text is segmented here too, on this thread and outside the lock: text
+processing, however long, never holds up the event loop that every connection shares.
 """
 
 from __future__ import annotations
@@ -21,26 +21,29 @@ from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import TypeVar
 
 import numpy as np
 
 from voxwire.engine import scheduler
-from voxwire.engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
 from voxwire.engine.audio_queue import AudioQueue, Failed, Finished, Flushed
-from voxwire.engine.text.segment import Segmenter, SegmenterLimits
-from voxwire.engine.threads import adapt_cpu_threads
+from voxwire.engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
+from voxwire.engine.memory_budget import MemoryBudget
+from voxwire.engine.utterance import ENDED, State, Utterance
+from voxwire.engine.worker_lock import WorkerLock
+from voxwire.engine.worker_options import GATHER_CAP, WorkerOptions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+RESTARTED = Failed("engine_restarted", "the engine was restarted after a fault; please retry")
 
 
 @dataclass
 class WorkerStats:
     steps: int = 0
     """Engine step calls; each advances a batch."""
-    generators_closed: int = 0
+    streams_closed: int = 0
     """Streams closed before their segment was done (cancel, disconnect, failure)."""
     failures: int = 0
     busy_seconds: float = 0.0
@@ -49,17 +52,9 @@ class WorkerStats:
     memory_waits: int = 0
     """Times a stream that was due to run waited because the memory budget was spent."""
     cpu_threads: int = 0
-    """The CPU threads the last step ran with (engine/threads.py: fewer while other
-    processes keep the cores busy)."""
+    """The CPU threads the last step ran with (the options' thread policy: fewer while
+    other processes keep the cores busy)."""
 
-
-# An idle worker woken by a request waits until none has come for this long (at most
-# GATHER_CAP times as long) before its first step, so that a burst of newcomers (whose
-# requests land a few milliseconds apart) shares one step: otherwise the first is
-# stepped alone, the others join the step after, and the ones that then miss the budget
-# (behind listeners already urgent) wait a third. A lone request pays GATHER_SECONDS.
-GATHER_SECONDS = 0.004
-GATHER_CAP = 5
 
 # A newcomer whose stream is open is behind once it has waited this many of the worker's
 # recent steps for its first audio, and at least a second: a first step is one step, and
@@ -70,233 +65,24 @@ FIRST_AUDIO_ALLOWANCE_SECONDS = 1.0
 STEP_SECONDS_WEIGHT = 0.1
 
 
-class State(Enum):
-    """Where an utterance is in its life. The first three are alive; the last three are
-    ended, each once, by the worker (or by a watchdog that gives up on its thread)."""
-
-    OPEN = "open"
-    """Text may still come."""
-    COMPLETE = "complete"
-    """All its text has arrived; it is being spoken."""
-    CANCELLING = "cancelling"
-    """Its session cancelled it; the worker closes its generator before its next step."""
-    FINISHED = "finished"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-
-
-ENDED = frozenset({State.FINISHED, State.CANCELLED, State.FAILED})
-
-
-@dataclass(frozen=True)
-class _Text:
-    """A piece of an utterance's text as it arrived, waiting to be segmented."""
-
-    text: str
-    final: bool
-
-
-class Utterance:
-    """One utterance's state, shared between its session and the worker. The session
-    feeds, flushes and cancels; the worker segments the text and steps the segments'
-    streams, through the methods below, under the worker's lock where the two meet."""
-
-    def __init__(self, worker: Worker, params: SynthesisParams, queue: AudioQueue, limits: SegmenterLimits) -> None:
-        self.params = params
-        self.queue = queue
-        self.submitted_at = time.monotonic()
-        self.first_audio_at: float | None = None
-        self.ready_at: float | None = None
-        """When its first segment's stream opened: from then on only the worker holds up
-        its first audio (streamed text may come long after it was submitted)."""
-        self.produced_samples = 0
-        self.steps = 0
-        self.segments = 0
-        self.compute_seconds = 0.0
-        """Its share of the steps it took part in (a step's time over its batch size)."""
-        self.state = State.OPEN
-        self._worker = worker
-        self._segmenter = Segmenter(limits)  # only ever touched on the inference thread
-        self._inbox: deque[_Text | Flushed] = deque()
-        """What the session sent, in order, not yet segmented."""
-        self._todo: deque[str | Flushed] = deque()
-        self._stream: Stream | None = None
-        self._admitted = False  # its stream's memory is counted against the budget
-        self._segment_start = 0
-
-    # -- called by the session, on the event loop ---------------------------------------
-
-    def feed(self, text: str, final: bool = False) -> None:
-        """Add text; ``final`` says no more follows. Constant time: the inference thread
-        segments it."""
-        with self._worker._cond:
-            self._inbox.append(_Text(text, final))
-            if final and self.state is State.OPEN:
-                self.state = State.COMPLETE
-            self._worker._changed()
-
-    def flush(self) -> None:
-        """Synthesise what is buffered now, then mark the point with ``Flushed``."""
-        with self._worker._cond:
-            self._inbox.append(Flushed())
-            self._worker._changed()
-
-    def cancel(self) -> None:
-        with self._worker._cond:
-            if self.state in (State.OPEN, State.COMPLETE):
-                self.state = State.CANCELLING
-            self._worker._changed()
-
-    @property
-    def complete(self) -> bool:
-        """No more text will come (all of it arrived, or it was cancelled or ended)."""
-        return self.state is not State.OPEN
-
-    @property
-    def outcome(self) -> str | None:
-        """``finished``, ``cancelled`` or ``failed`` once it has ended; None before."""
-        return self.state.value if self.state in ENDED else None
-
-    @property
-    def generator_closed(self) -> bool:
-        """It has ended and no engine stream of its is left open."""
-        return self.state in ENDED and self._stream is None
-
-    @property
-    def produced_seconds(self) -> float:
-        return self.produced_samples / self._worker.sample_rate
-
-    # -- scheduling (under the worker's lock) -------------------------------------------
-
-    def runnable(self) -> bool:
-        return self.state is State.COMPLETE or (
-            self.state is State.OPEN and (self._stream is not None or bool(self._todo) or bool(self._inbox))
-        )
-
-    def backlogged(self) -> bool:
-        return self.queue.full()
-
-    def cost(self) -> int:
-        return self._stream.cost() if self._stream is not None else 1
-
-    def memory_needed(self) -> int:
-        """Bytes its stream needs admitted before its first step; 0 once admitted."""
-        return 0 if self._stream is None or self._admitted else self._stream.memory_bytes
-
-    # -- the worker's side (on the inference thread) ------------------------------------
-
-    @property
-    def stream(self) -> Stream | None:
-        return self._stream
-
-    def take(self) -> str | Flushed | None:
-        """What to do next between segments: a segment's text, a flush marker, or None
-        when no segment is waiting."""
-        with self._worker._cond:
-            if self._todo:
-                return self._todo.popleft()
-            arrived, self._inbox = self._inbox, deque()
-        todo = self._segment(arrived)  # outside the lock: the event loop may feed meanwhile
-        with self._worker._cond:
-            self._todo.extend(todo)
-            return self._todo.popleft() if self._todo else None
-
-    def _segment(self, arrived: deque[_Text | Flushed]) -> list[str | Flushed]:
-        todo: list[str | Flushed] = []
-        for item in arrived:
-            if isinstance(item, Flushed):
-                todo.extend(self._segmenter.flush())
-                todo.append(item)
-                continue
-            todo.extend(self._segmenter.push(item.text, final=item.final))
-            if item.final:
-                todo.extend(self._segmenter.flush())
-        return todo
-
-    def all_spoken(self) -> bool:
-        """No more text can come and none is left to speak. Checked under the lock with
-        the state: text fed with ``final`` just after ``take`` found nothing is not lost."""
-        with self._worker._cond:
-            return self.state is State.COMPLETE and not self._inbox and not self._todo
-
-    def begin_segment(self, stream: Stream) -> None:
-        if self.ready_at is None:
-            self.ready_at = time.monotonic()
-        self.segments += 1
-        self._segment_start = self.produced_samples
-        self._stream, self._admitted = stream, False
-
-    @property
-    def admitted(self) -> bool:
-        return self._admitted
-
-    def admit(self) -> int:
-        """Count its stream against the memory budget; the bytes it takes."""
-        assert self._stream is not None and not self._admitted
-        self._admitted = True
-        return self._stream.memory_bytes
-
-    def on_utterance_timeline(self, words: WordTimings) -> WordTimings:
-        """Segment-relative word timings from the engine, on the utterance's timeline."""
-        shift = self._segment_start
-        return WordTimings(tuple(replace(w, start=w.start + shift, end=w.end + shift) for w in words.words))
-
-    def close_stream(self) -> tuple[bool, int]:
-        """Close the engine stream in progress, if any: whether there was one, and the
-        admitted memory it gives back."""
-        stream, self._stream = self._stream, None
-        if stream is None:
-            return False, 0
-        freed = stream.memory_bytes if self._admitted else 0
-        self._admitted = False
-        try:
-            stream.close()
-        except Exception:
-            log.exception("engine stream failed to close")
-        return True, freed
-
-
 class Worker:
     """Owns an engine on one device and runs the scheduling loop on its own thread."""
 
-    def __init__(
-        self,
-        engine_factory: Callable[[], Engine],
-        max_queue_seconds: float = 5.0,
-        segmenter_limits: SegmenterLimits = SegmenterLimits(),
-        name: str = "voxwire-worker",
-        warmup: bool = True,
-        max_batch: int | None = None,
-        memory_budget: int | None = None,
-        gather_seconds: float = GATHER_SECONDS,
-        max_utterance_seconds: float | None = None,
-    ) -> None:
-        """``max_batch`` caps the engine's own batch size (1 turns batching off);
-        ``max_utterance_seconds``: the most audio one utterance may produce (it then fails
-        with ``utterance_too_long``, after the audio up to that point);
-        ``memory_budget`` (bytes) replaces the engine's own budget for its streams;
-        ``gather_seconds``: how long an idle worker lets newcomers gather (GATHER_SECONDS)."""
-        self.gather_seconds = gather_seconds if max_batch != 1 else 0.0
+    def __init__(self, engine_factory: Callable[[], Engine], options: WorkerOptions = WorkerOptions()) -> None:
+        self.options = options
+        self.gather_seconds = options.gather_seconds if options.max_batch != 1 else 0.0
         self.stats = WorkerStats()
         self.on_step: Callable[[float, int], None] | None = None
         """Called on this thread with each engine step's duration and batch size (a
         metrics hook)."""
-        self.max_queue_seconds = max_queue_seconds
-        self.max_utterance_seconds = max_utterance_seconds
-        self.segmenter_limits = segmenter_limits
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.engine: Engine | None = None
         self.max_batch = 1
-        self.memory_budget: int | None = None
-        self.memory_used = 0
-        """Bytes of ``Stream.memory_bytes`` admitted now."""
-        self._max_batch_setting = max_batch
-        self._memory_budget_setting = memory_budget
+        self.memory = MemoryBudget()
+        """The engine memory its streams hold; its limit is set once the engine loads."""
         self._factory = engine_factory
-        self._warmup = warmup
-        self._cond = threading.Condition()
-        self._changes = 0  # counts what callers changed, so an idle loop knows to look again
+        self._lock = WorkerLock()
         self._utterances: list[Utterance] = []
         self._stopping = False
         self._calls: deque[tuple[Callable[[Engine], object], Future[object]]] = deque()
@@ -305,7 +91,8 @@ class Worker:
         self._step_started_at: float | None = None
         self._step_seconds = 0.0
         """A running mean of its steps' durations (exponentially weighted)."""
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._main, name=options.name, daemon=True)
+        self._lock.thread = self._thread
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -328,9 +115,9 @@ class Worker:
         return self.engine
 
     def stop(self, timeout: float = 10.0) -> None:
-        with self._cond:
+        with self._lock:
             self._stopping = True
-            self._changed()
+            self._lock.changed()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -341,7 +128,7 @@ class Worker:
 
     @property
     def active(self) -> int:
-        with self._cond:
+        with self._lock:
             return len(self._utterances)
 
     # -- submission (event loop) --------------------------------------------------------
@@ -363,7 +150,7 @@ class Worker:
         newcomers by (server/pipeline.py). Any thread; takes the lock."""
         allowance = max(FIRST_AUDIO_ALLOWANCE_SECONDS, FIRST_AUDIO_ALLOWANCE_STEPS * self._step_seconds)
         now, behind = time.monotonic(), 0.0
-        with self._cond:
+        with self._lock:
             for u in self._utterances:
                 # runnable() is False for a cancelled one: its audio is wanted by nobody.
                 if not u.runnable() or u.backlogged():
@@ -375,7 +162,7 @@ class Worker:
         return behind
 
     def utterances(self) -> list[Utterance]:
-        with self._cond:
+        with self._lock:
             return list(self._utterances)
 
     def step_running_for(self) -> float:
@@ -387,39 +174,41 @@ class Worker:
         """Give up on a stuck thread: fail the utterances in its step with ``code`` and
         every other one with ``engine_restarted``, then let the thread exit if it ever
         returns. Called from another thread; the stuck one cannot be interrupted."""
-        with self._cond:
+        with self._lock:
             self._stopping = True
             stuck, leftover, self._utterances = list(self._stepping), self._utterances, []
             calls, self._calls = list(self._calls), deque()
             running_call, self._calling = self._calling, None
-            self._changed()
+            for u in leftover:
+                if u.state in ENDED:
+                    continue  # aborted: its own Failed is its last item
+                u.state = State.FAILED
+                self.stats.failures += 1
+                # The stuck thread may yet put audio: end_with drops it.
+                u.queue.end_with(Failed(code, message) if u in stuck else RESTARTED)
+            self._lock.changed()
         if running_call is not None and not running_call.done():
             running_call.set_exception(EngineError(code, message))
         for _, future in calls:
             future.set_exception(EngineError("engine_restarted", "the engine was restarted after a fault; retry"))
-        for u in leftover:
-            u.state = State.FAILED
-            self.stats.failures += 1
-            if u in stuck:
-                u.queue.put(Failed(code, message))
-            else:
-                u.queue.put(Failed("engine_restarted", "the engine was restarted after a fault; please retry"))
 
     def submit(
         self, params: SynthesisParams, loop: asyncio.AbstractEventLoop, first_clause_words: int | None = None
     ) -> Utterance:
         """``first_clause_words``: this utterance's own choice (SegmenterLimits), else the worker's."""
         engine = self.loaded_engine()
-        queue = AudioQueue(loop, int(self.max_queue_seconds * engine.sample_rate), on_drain=self._wake)
-        limits = self.segmenter_limits
+        queue = AudioQueue(
+            loop, int(self.options.max_queue_seconds * engine.sample_rate), on_drain=self._wake, producer=self._lock,
+        )
+        limits = self.options.segmenter_limits
         if first_clause_words is not None:
             limits = replace(limits, first_clause_words=first_clause_words)
-        u = Utterance(self, params, queue, limits)
-        with self._cond:
+        u = Utterance(self._lock, engine.sample_rate, params, queue, limits)
+        with self._lock:
             if self._stopping:
                 raise EngineError("shutting_down", "the server is shutting down")
             self._utterances.append(u)
-            self._changed()
+            self._lock.changed()
         return u
 
     def call(self, fn: Callable[[Engine], T]) -> Future[T]:
@@ -427,28 +216,23 @@ class Worker:
         only ever touched from their own thread (voice registration, for one)."""
         self.loaded_engine()
         future: Future[T] = Future()
-        with self._cond:
+        with self._lock:
             if self._stopping:
                 raise EngineError("shutting_down", "the engine is stopping")
             self._calls.append((fn, future))  # type: ignore[arg-type]
-            self._changed()
+            self._lock.changed()
         return future
 
-    def _changed(self) -> None:
-        """Under the lock: something the loop acts on changed; wake it."""
-        self._changes += 1
-        self._cond.notify()
-
     def _wake(self) -> None:
-        with self._cond:
-            self._changed()
+        with self._lock:
+            self._lock.changed()
 
     # -- the inference thread -----------------------------------------------------------
 
     def _main(self) -> None:
         try:
             self.engine = self._factory()
-            if self._warmup:
+            if self.options.warmup:
                 self.engine.warmup()
         except BaseException as e:  # reported to whoever waits for readiness
             log.exception("engine failed to load")
@@ -456,13 +240,13 @@ class Worker:
             self.ready.set()
             return
         engine = self.engine
-        self.max_batch = max(1, min(engine.max_batch, self._max_batch_setting or engine.max_batch))
-        self.memory_budget = self._memory_budget_setting or engine.memory_budget
+        self.max_batch = max(1, min(engine.max_batch, self.options.max_batch or engine.max_batch))
+        self.memory.limit = self.options.memory_budget or engine.memory_budget
         self.ready.set()
         try:
             self._loop(engine)
         finally:
-            with self._cond:
+            with self._lock:
                 leftover, self._utterances = self._utterances, []
             for u in leftover:
                 self._end(u, State.CANCELLED, None)
@@ -471,18 +255,19 @@ class Worker:
     def _loop(self, engine: Engine) -> None:
         seen = -1
         while True:
-            with self._cond:
+            with self._lock:
                 idle = False
-                while self._changes == seen and not self._stopping:
-                    self._cond.wait()  # nothing could run, and nothing has changed since
+                while self._lock.changes == seen and not self._stopping:
+                    self._lock.wait()  # nothing could run, and nothing has changed since
                     idle = True
                 if idle and self.gather_seconds > 0 and all(u.stream is None for u in self._utterances):
                     self._gather()
                 if self._stopping:
                     return
-                seen = self._changes
-                # Each stays counted in `active` until _end has closed its stream.
-                cancelled = [u for u in self._utterances if u.state is State.CANCELLING]
+                seen = self._lock.changes
+                # Cancelled, or aborted by the server (ended, its stream maybe still open):
+                # each stays counted in `active` until _end has closed its stream.
+                cancelled = [u for u in self._utterances if u.state is State.CANCELLING or u.state in ENDED]
                 call = self._calls.popleft() if self._calls else None
             for u in cancelled:
                 self._end(u, State.CANCELLED, None)
@@ -505,9 +290,9 @@ class Worker:
         now = time.monotonic()
         quiet_until, cap = now + self.gather_seconds, now + GATHER_CAP * self.gather_seconds
         while not self._stopping and (left := min(quiet_until, cap) - time.monotonic()) > 0:
-            changes = self._changes
-            self._cond.wait(left)
-            if self._changes != changes:  # another arrived: the burst may go on
+            changes = self._lock.changes
+            self._lock.wait(left)
+            if self._lock.changes != changes:  # another arrived: the burst may go on
                 quiet_until = time.monotonic() + self.gather_seconds
 
     def _run_call(self, engine: Engine, fn: Callable[[Engine], object], future: Future[object]) -> None:
@@ -529,7 +314,7 @@ class Worker:
         """For each utterance with no stream, do what comes next: pass on a flush marker,
         finish it once all its text is spoken, or open its next segment's stream (cheap:
         no model work). Whether anything happened."""
-        with self._cond:
+        with self._lock:
             idle = [u for u in self._utterances if u.stream is None and u.runnable() and not u.backlogged()]
         acted = False
         for u in idle:
@@ -555,30 +340,24 @@ class Worker:
             self._fail(u, e)
             return
         u.begin_segment(stream)
-        if self.memory_budget is not None and stream.memory_bytes > self.memory_budget:
-            mb = 1 << 20
-            self._end(u, State.FAILED, Failed(
-                "over_memory_budget",
-                f"this text needs {stream.memory_bytes / mb:.0f} MiB of engine memory at once; "
-                f"the budget is {self.memory_budget / mb:.0f} MiB: send it in shorter pieces",
-            ))
+        refusal = self.memory.refusal(stream.memory_bytes)
+        if refusal is not None:
+            self._end(u, State.FAILED, refusal)
 
     def _choose(self) -> list[Utterance]:
         """The next step's batch, by the one policy in engine/scheduler.py; streams that
         join now are admitted against the memory budget."""
-        with self._cond:
+        with self._lock:
             candidates = [u for u in self._utterances if u.stream is not None and u.state not in ENDED]
-        left = None if self.memory_budget is None else self.memory_budget - self.memory_used
         assert self.engine is not None
-        batch = scheduler.pick(candidates, limit=self.max_batch, budget=self.engine.step_budget, memory_left=left,
-                               one_kind=self.engine.width_costs_time)
+        batch = scheduler.pick(candidates, limit=self.max_batch, budget=self.engine.step_budget,
+                               memory_left=self.memory.left(), one_kind=self.engine.width_costs_time)
         for u in batch:
             if not u.admitted:
-                self.memory_used += u.admit()
-        if left is not None:
-            left = self.memory_budget - self.memory_used  # type: ignore[operator]
-            if any(u.memory_needed() > left and u.runnable() and not u.backlogged() for u in candidates):
-                self.stats.memory_waits += 1
+                self.memory.admit(u.admit())
+        left = self.memory.left()
+        if left is not None and any(u.memory_needed() > left and u.runnable() and not u.backlogged() for u in candidates):
+            self.stats.memory_waits += 1
         return batch
 
     def _step(self, engine: Engine, batch: list[Utterance]) -> None:
@@ -588,7 +367,7 @@ class Worker:
         at fault (engines leave that retry to the worker: engine/base.py, ``Engine.step``)."""
         streams = [u.stream for u in batch]
         assert all(s is not None for s in streams)
-        self.stats.cpu_threads = adapt_cpu_threads()
+        self.stats.cpu_threads = self.options.cpu_threads()
         start = time.perf_counter()
         self._stepping, self._step_started_at = batch, time.monotonic()
         try:
@@ -644,7 +423,7 @@ class Worker:
                 u.produced_samples += audio.size
                 u.queue.put(audio)
             if too_long:
-                limit = self.max_utterance_seconds
+                limit = self.options.max_utterance_seconds
                 self._end(u, State.FAILED, Failed(
                     "utterance_too_long",
                     f"this text would be spoken for longer than {limit:g} s, the most one utterance may last; "
@@ -653,13 +432,14 @@ class Worker:
                 return
         if step.done:
             _, freed = u.close_stream()
-            self.memory_used -= freed
+            self.memory.release(freed)
 
     def _samples_left(self, u: Utterance) -> int:
         """Samples ``u`` may still produce under ``max_utterance_seconds``."""
-        if self.max_utterance_seconds is None:
+        limit = self.options.max_utterance_seconds
+        if limit is None:
             return np.iinfo(np.int64).max
-        return max(0, round(self.max_utterance_seconds * self.sample_rate) - u.produced_samples)
+        return max(0, round(limit * self.sample_rate) - u.produced_samples)
 
     def _fail(self, u: Utterance, error: Exception) -> None:
         if isinstance(error, EngineError):
@@ -671,16 +451,16 @@ class Worker:
 
     def _end(self, u: Utterance, state: State, item: Finished | Failed | None) -> None:
         closed, freed = u.close_stream()
-        self.memory_used -= freed
+        self.memory.release(freed)
         if closed:
-            self.stats.generators_closed += 1
-        if u.state in ENDED:
-            return  # already ended and reported (abandoned by a watchdog)
-        u.state = state
-        if state is State.FAILED:
-            self.stats.failures += 1
-        with self._cond:
+            self.stats.streams_closed += 1
+        with self._lock:
             if u in self._utterances:
                 self._utterances.remove(u)
+            if u.state in ENDED:
+                return  # already ended and reported: aborted by the server, or abandoned by a watchdog
+            u.state = state  # under the lock: an abort from now on finds it ended, and its item stands
+        if state is State.FAILED:
+            self.stats.failures += 1
         if item is not None:
             u.queue.put(item)

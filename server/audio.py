@@ -1,10 +1,11 @@
 """From an engine's float32 audio to the frames a client asked for.
 
-One stateful stream per utterance: resample (soxr, keeping its filter state across
-chunks, so chunked output equals whole-signal output), cut into fixed-duration frames,
-and encode. This module is the single place where output formats are defined: the PCM
-ones here, the compressed ones (Opus, MP3, AAC, FLAC) in server/codecs.py, which this
-module opens through ``open_encoder``.
+One stateful stream per utterance: resample the engine's pieces (soxr, keeping its
+filter state across them, so streamed output equals whole-signal output), cut them into
+chunks of the stream's duration, and encode each chunk for its frame. This module is the
+single place where output formats are defined: the PCM ones here, the compressed ones
+(Opus, MP3, AAC, FLAC) in server/codecs.py, which this module opens through
+``open_encoder``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal, get_args
 import numpy as np
 import soxr
 
-from voxwire.engine.errors import CodedError, quoted
+from voxwire.engine.errors import CodedError, ErrorCode, quoted
 from voxwire.server.codecs import CODECS, CompressedEncoder
 
 Format = Literal["pcm_s16le", "pcm_f32le", "mulaw", "opus", "mp3", "aac", "flac"]
@@ -63,12 +64,12 @@ def stream_rate(fmt: str, rate: int) -> int:
         return rate
     codec = CODECS.get(fmt)
     if codec is None:
-        raise FormatError("invalid_format", f"unknown format {quoted(fmt)}; one of {', '.join(FORMATS)}")
+        raise FormatError(ErrorCode.INVALID_FORMAT, f"unknown format {quoted(fmt)}; one of {', '.join(FORMATS)}")
     if codec.fixed_rate is not None:
         return codec.fixed_rate
     if codec.rates is not None and rate not in codec.rates:
         rates = ", ".join(map(str, codec.rates))
-        raise FormatError("unsupported_sample_rate", f"{fmt} cannot be encoded at {rate} Hz; it takes {rates}")
+        raise FormatError(ErrorCode.UNSUPPORTED_SAMPLE_RATE, f"{fmt} cannot be encoded at {rate} Hz; it takes {rates}")
     return rate
 
 
@@ -86,7 +87,7 @@ def content_type(fmt: str) -> str:
 
 
 class Encoder:
-    """One utterance's encoder: frames in, bytes out; ``finish`` ends the stream."""
+    """One utterance's encoder: chunks in, bytes out; ``finish`` ends the stream."""
 
     def push(self, x: np.ndarray) -> bytes:
         raise NotImplementedError
@@ -114,9 +115,9 @@ def open_encoder(fmt: str, rate: int) -> Encoder | CompressedEncoder:
 
 
 class Rechunker:
-    """Cuts a stream of arbitrary pieces into frames of exactly ``size`` samples, but for
+    """Cuts audio of arbitrary lengths into chunks of exactly ``size`` samples, but for
     the first, which leaves as soon as ``first_min`` samples are there (up to ``size``):
-    waiting for a full frame would hold back the first audio for nothing."""
+    waiting for a full chunk would hold back the first audio for nothing."""
 
     def __init__(self, size: int, first_min: int | None = None) -> None:
         self.size = size
@@ -129,39 +130,39 @@ class Rechunker:
         if x.size:
             self._parts.append(x)
             self._buffered += x.size
-        frames: list[np.ndarray] = []
+        chunks: list[np.ndarray] = []
         if not self._started:
             if self._buffered < self.first_min:
                 return []
             buf = np.concatenate(self._parts)
             first = min(buf.size, self.size)
-            frames.append(buf[:first])
+            chunks.append(buf[:first])
             self._parts, self._buffered, self._started = [buf[first:]], buf.size - first, True
         if self._buffered < self.size:
-            return frames
+            return chunks
         buf = np.concatenate(self._parts)
         n = (buf.size // self.size) * self.size
-        frames += [buf[i : i + self.size] for i in range(0, n, self.size)]
+        chunks += [buf[i : i + self.size] for i in range(0, n, self.size)]
         rest = buf[n:]
         self._parts = [rest] if rest.size else []
         self._buffered = rest.size
-        return frames
+        return chunks
 
     @property
     def started(self) -> bool:
-        """The first frame has left."""
+        """The first chunk has left."""
         return self._started
 
     def flush(self) -> list[np.ndarray]:
-        """Whatever is buffered, as one short frame."""
+        """Whatever is buffered, as one short chunk."""
         if not self._buffered:
             return []
-        frame = np.concatenate(self._parts)
+        chunk = np.concatenate(self._parts)
         self._parts, self._buffered, self._started = [], 0, True
-        return [frame]
+        return [chunk]
 
 
-class FrameCutter:
+class ChunkCutter:
     """Engine pieces in, chunks out: resampled to the client's rate and cut to the
     stream's chunk duration."""
 
@@ -173,7 +174,7 @@ class FrameCutter:
             if in_rate != out_rate
             else None
         )
-        self._chunks = Rechunker(out_rate * chunk_ms // 1000, out_rate * MIN_CHUNK_MS // 1000)
+        self._rechunker = Rechunker(out_rate * chunk_ms // 1000, out_rate * MIN_CHUNK_MS // 1000)
         self._first_in = in_rate * MIN_CHUNK_MS // 1000
         self._pushed = 0
 
@@ -181,13 +182,13 @@ class FrameCutter:
         self._pushed += x.size
         if self._resampler is not None:
             x = self._resampler.resample_chunk(x)
-        frames = self._chunks.push(x)
-        if not frames and not self._chunks.started and self._pushed >= self._first_in:
-            # The engine has made a first frame's worth; what is missing at this rate is
+        chunks = self._rechunker.push(x)
+        if not chunks and not self._rechunker.started and self._pushed >= self._first_in:
+            # The engine has made a first chunk's worth; what is missing at this rate is
             # the resampler's delay, which follows with the next audio. Waiting for it
             # would hold the first audio back by a whole engine step.
-            frames = self._chunks.flush()
-        return frames
+            chunks = self._rechunker.flush()
+        return chunks
 
     def flush(self) -> list[np.ndarray]:
         """Everything resampled so far, so a client's ``flush`` hears its text now.
@@ -195,12 +196,12 @@ class FrameCutter:
         The resampler keeps its filter delay (a few milliseconds), which follows with
         the next audio; ending the resampler here would put a seam in the stream.
         """
-        return self._chunks.flush()
+        return self._rechunker.flush()
 
     def finish(self) -> list[np.ndarray]:
         if self._resampler is not None:
             tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-            frames = self._chunks.push(tail)
+            chunks = self._rechunker.push(tail)
         else:
-            frames = []
-        return frames + self._chunks.flush()
+            chunks = []
+        return chunks + self._rechunker.flush()

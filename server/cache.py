@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from voxwire.engine.base import WordTiming, WordTimings
-from voxwire.engine.audio_queue import Finished, Flushed, Item
+from voxwire.engine.audio_queue import Failed, Finished, Flushed, Item
 from voxwire.engine.text import normalize
 
 REPLAY_SLICE_SECONDS = 0.2
@@ -75,6 +75,16 @@ class Replay:
 
     def cancel(self) -> None:
         self.queue.clear()
+
+    def abort(self, code: str, message: str) -> None:
+        """End it with ``Failed(code, message)``, whatever was queued: one thread (the
+        event loop) both puts and takes here, so nothing comes between."""
+        self.queue.clear()
+        self.queue.put(Failed(code, message))
+
+    def held_by_listener(self) -> bool:
+        """Never: nothing computes behind a replay."""
+        return False
 
 
 def replay_items(audio: CachedAudio, size: int) -> Iterator[WordTimings | np.ndarray]:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from voxwire.server.processes import Ports
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from voxwire.server import config_loader
 
     p = sub.add_parser(

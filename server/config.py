@@ -98,7 +98,7 @@ class ServerConfig:
     drain_seconds: float = setting(
         10.0, "on SIGTERM, seconds in-flight utterances get before sockets close (1001)", range=(0, None)
     )
-    # Wyoming (Home Assistant's protocol) has no authentication: see server/doors/wyoming.py.
+    # Wyoming (Home Assistant's protocol) has no authentication: see server/doors/wyoming/.
     wyoming_port: int | None = setting(
         None, "also serve the Wyoming protocol (Home Assistant) on this TCP port, 10200 by convention; "
         "0: any free port (one process only: not with --workers)", range=(0, 65535),

@@ -99,7 +99,7 @@ def _walk(cls: type, section: str | None) -> Iterator[Setting]:
             continue  # not a setting (EngineOptions.extra)
         flag = f.metadata.get("flag", f.name.replace("_", "-"))
         env = f.metadata.get("env", ENV_PREFIX + flag.replace("-", "_").upper())
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         yield Setting(
             section, f.name, flag, hints[f.name], default, f.metadata["help"], f.metadata.get("choices"), env,
             f.metadata.get("range"), f.metadata.get("default_text"),

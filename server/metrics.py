@@ -21,6 +21,7 @@ import resource
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest, multiprocess,
@@ -60,89 +61,109 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
+@dataclass(frozen=True)
+class Series:
+    """One metric family: the ``Metrics`` attribute that holds it and what Prometheus
+    is told of it."""
+
+    attr: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    """Histograms only."""
+    mode: Literal["livemax", "livesum", "liveall"] | None = None
+    """Gauges only: how a multiprocess scrape joins the processes' values (``livemax``:
+    server-wide values every process reports alike; ``livesum``: per-process values)."""
+
+
+SERIES = (
+    Series("utterances", Counter, "voxwire_utterances",
+           "Utterances by door, outcome and error code (once each, however they end)", ("door", "outcome", "code")),
+    Series("connections_refused", Counter, "voxwire_connections_refused",
+           "Connections refused before they could speak, by reason (every door)", ("reason",)),
+    Series("ttfa", Histogram, "voxwire_ttfa_seconds", "Server time to first audio, by door", ("door",),
+           buckets=TTFA_BUCKETS),
+    Series("rtf", Histogram, "voxwire_rtf_ratio", "Engine compute time over audio duration, per computed utterance",
+           buckets=RTF_BUCKETS),
+    Series("step_seconds", Histogram, "voxwire_engine_step_seconds", "Duration of one engine step, by worker process",
+           ("worker",), buckets=STEP_BUCKETS),
+    Series("engine_steps", Counter, "voxwire_engine_steps", "Engine steps run, by worker process", ("worker",)),
+    Series("batch_size", Histogram, "voxwire_batch_size",
+           "Utterances advanced together by one engine step, by worker process", ("worker",), buckets=BATCH_BUCKETS),
+    Series("busy_seconds", Counter, "voxwire_worker_busy_seconds",
+           "Seconds spent in engine steps, by worker process (rate() is utilisation)", ("worker",)),
+    Series("restarts", Counter, "voxwire_worker_restarts",
+           "Inference threads replaced after a hung step, by worker process", ("worker",)),
+    Series("listeners_stalled", Counter, "voxwire_listeners_stalled",
+           "Utterances ended because their listener stopped taking audio, by door and reason (not_reading: the "
+           "socket took nothing; no_progress: no playback progress reported)", ("door", "reason")),
+    Series("cache_hits", Counter, "voxwire_cache_hits", "Utterances served from the result cache"),
+    Series("connections", Gauge, "voxwire_connections", "Open connections (every door)", mode="livemax"),
+    Series("active_utterances", Gauge, "voxwire_active_utterances", "Utterances admitted and not ended",
+           mode="livemax"),
+    Series("worker_utterances", Gauge, "voxwire_worker_utterances", "Utterances alive in the inference threads",
+           mode="livesum"),
+    Series("queued_audio", Gauge, "voxwire_queued_audio_seconds", "Audio computed and not yet sent", mode="livesum"),
+    Series("ready", Gauge, "voxwire_ready_workers", "Worker processes whose engine is loaded and serving",
+           mode="livesum"),
+    Series("cache_bytes", Gauge, "voxwire_cache_bytes", "Audio held by the result caches", mode="livesum"),
+    Series("engine_threads", Gauge, "voxwire_engine_threads",
+           "CPU threads of the engine's last step: fewer while other processes keep the cores busy", mode="livesum"),
+    Series("engine_info", Gauge, "voxwire_engine_info",
+           "1 for the engine each worker process runs: its name, device and the precision it computes in",
+           ("worker", "engine", "device", "precision"), mode="liveall"),
+    Series("threads", Gauge, "voxwire_threads", "Threads in the server processes", mode="livesum"),
+    Series("tasks", Gauge, "voxwire_asyncio_tasks", "Tasks alive on the event loops", mode="livesum"),
+    Series("peak_memory", Gauge, "voxwire_peak_resident_memory_bytes", "Peak resident memory, by worker process",
+           ("worker",), mode="liveall"),
+)
+"""Every family ``Metrics`` serves, in the order a scrape lists them."""
+
+
 class Metrics:
+    utterances: Counter
+    connections_refused: Counter
+    ttfa: Histogram
+    rtf: Histogram
+    step_seconds: Histogram
+    engine_steps: Counter
+    batch_size: Histogram
+    busy_seconds: Counter
+    restarts: Counter
+    listeners_stalled: Counter
+    cache_hits: Counter
+    connections: Gauge
+    active_utterances: Gauge
+    worker_utterances: Gauge
+    queued_audio: Gauge
+    ready: Gauge
+    cache_bytes: Gauge
+    engine_threads: Gauge
+    engine_info: Gauge
+    threads: Gauge
+    tasks: Gauge
+    peak_memory: Gauge
+
     def __init__(self, snapshot: Callable[[], Snapshot], doors: Sequence[str], worker: str = "0") -> None:
         self._snapshot = snapshot
         self.worker = worker
         self.multiprocess = multiprocess_dir() is not None
         # Multiprocess: values go to files, and the scrape registry reads the files only.
         self.registry = CollectorRegistry(auto_describe=False)
-        own = None if self.multiprocess else self.registry
-        self.utterances = Counter(
-            "voxwire_utterances", "Utterances by door, outcome and error code (once each, however they end)",
-            ["door", "outcome", "code"], registry=own,
-        )
-        for door in doors:
-            for outcome in OUTCOMES:
-                self.utterances.labels(door, outcome, "")
-        self.connections_refused = Counter(
-            "voxwire_connections_refused", "Connections refused before they could speak, by reason (every door)",
-            ["reason"], registry=own,
-        )
-        self.ttfa = Histogram(
-            "voxwire_ttfa_seconds", "Server time to first audio, by door", ["door"], buckets=TTFA_BUCKETS, registry=own,
-        )
+        for series in SERIES:
+            setattr(self, series.attr, _family(series, None if self.multiprocess else self.registry))
+        # Zero-initialised, so that a rate() sees them from the first scrape.
         for door in doors:
             self.ttfa.labels(door)
-        self.rtf = Histogram(
-            "voxwire_rtf_ratio", "Engine compute time over audio duration, per computed utterance",
-            buckets=RTF_BUCKETS, registry=own,
-        )
-        self.step_seconds = Histogram(
-            "voxwire_engine_step_seconds", "Duration of one engine step, by worker process", ["worker"],
-            buckets=STEP_BUCKETS, registry=own,
-        )
-        self.engine_steps = Counter("voxwire_engine_steps", "Engine steps run, by worker process", ["worker"], registry=own)
-        self.batch_size = Histogram(
-            "voxwire_batch_size", "Utterances advanced together by one engine step, by worker process", ["worker"],
-            buckets=BATCH_BUCKETS, registry=own,
-        )
-        self.busy_seconds = Counter(
-            "voxwire_worker_busy_seconds", "Seconds spent in engine steps, by worker process (rate() is utilisation)",
-            ["worker"], registry=own,
-        )
-        self.restarts = Counter(
-            "voxwire_worker_restarts", "Inference threads replaced after a hung step, by worker process", ["worker"],
-            registry=own,
-        )
-        self.listeners_stalled = Counter(
-            "voxwire_listeners_stalled", "Utterances ended because their listener stopped taking audio, by door and "
-            "reason (not_reading: the socket took nothing; no_progress: no playback progress reported)",
-            ["door", "reason"], registry=own,
-        )
-        for door in doors:
+            for outcome in OUTCOMES:
+                self.utterances.labels(door, outcome, "")
             for reason in STALL_REASONS:
                 self.listeners_stalled.labels(door, reason)
-        self.cache_hits = Counter("voxwire_cache_hits", "Utterances served from the result cache", registry=own)
         for family in (self.step_seconds, self.engine_steps, self.batch_size, self.busy_seconds, self.restarts):
             family.labels(worker)
-        # Server-wide values that every process reports alike: the scrape takes the max.
-        self.connections = Gauge("voxwire_connections", "Open connections (every door)", registry=own,
-                                 multiprocess_mode="livemax")
-        self.active_utterances = Gauge("voxwire_active_utterances", "Utterances admitted and not ended",
-                                       registry=own, multiprocess_mode="livemax")
-        # Per-process values: the scrape sums the live processes.
-        self.worker_utterances = Gauge("voxwire_worker_utterances", "Utterances alive in the inference threads",
-                                       registry=own, multiprocess_mode="livesum")
-        self.queued_audio = Gauge("voxwire_queued_audio_seconds", "Audio computed and not yet sent",
-                                  registry=own, multiprocess_mode="livesum")
-        self.ready = Gauge("voxwire_ready_workers", "Worker processes whose engine is loaded and serving",
-                           registry=own, multiprocess_mode="livesum")
-        self.cache_bytes = Gauge("voxwire_cache_bytes", "Audio held by the result caches", registry=own,
-                                 multiprocess_mode="livesum")
-        self.engine_threads = Gauge("voxwire_engine_threads",
-                                    "CPU threads of the engine's last step: fewer while other processes keep the "
-                                    "cores busy", registry=own, multiprocess_mode="livesum")
-        self.engine_info = Gauge("voxwire_engine_info", "1 for the engine each worker process runs: its name, device "
-                                 "and the precision it computes in", ["worker", "engine", "device", "precision"],
-                                 registry=own, multiprocess_mode="liveall")
         self._engine_labels: tuple[str, ...] | None = None
-        self.threads = Gauge("voxwire_threads", "Threads in the server processes", registry=own,
-                             multiprocess_mode="livesum")
-        self.tasks = Gauge("voxwire_asyncio_tasks", "Tasks alive on the event loops", registry=own,
-                           multiprocess_mode="livesum")
-        self.peak_memory = Gauge("voxwire_peak_resident_memory_bytes", "Peak resident memory, by worker process",
-                                 ["worker"], registry=own, multiprocess_mode="liveall")
         if not self.multiprocess:
             ProcessCollector(registry=self.registry)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -192,3 +213,14 @@ class Metrics:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def _family(series: Series, registry: CollectorRegistry | None) -> Counter | Gauge | Histogram:
+    labels = list(series.labels)
+    if series.kind is Histogram:
+        assert series.buckets is not None
+        return Histogram(series.name, series.help, labels, buckets=series.buckets, registry=registry)
+    if series.kind is Gauge:
+        assert series.mode is not None
+        return Gauge(series.name, series.help, labels, registry=registry, multiprocess_mode=series.mode)
+    return Counter(series.name, series.help, labels, registry=registry)

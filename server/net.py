@@ -3,7 +3,7 @@
 A server with no authentication may only listen on loopback, since anyone who can reach
 its port can use it: ``voxwire serve`` with no API key warns on any other host
 (server/cli.py), and the Wyoming door, which has no authentication at all, stays on
-loopback when API keys are set (server/doors/wyoming.py). Both ask ``is_loopback``, so
+loopback when API keys are set (server/doors/wyoming/). Both ask ``is_loopback``, so
 the two agree on what loopback is.
 """
 
@@ -36,7 +36,7 @@ def is_loopback(host: str) -> bool:
 def unauthenticated_host(host: str, api_keys_set: bool, allow_unauthenticated: bool) -> str:
     """Where a door without authentication (Wyoming) listens: ``host``, but with API keys
     set, loopback unless the operator allows otherwise, since anyone reaching it would
-    bypass the keys. The door (server/doors/wyoming.py) and, under ``--workers``, the parent
+    bypass the keys. The door (server/doors/wyoming/) and, under ``--workers``, the parent
     that claims its port for the workers (server/cli.py) ask this one place."""
     if api_keys_set and not allow_unauthenticated and not is_loopback(host):
         return "127.0.0.1"

@@ -71,7 +71,7 @@ def _worker(config: ServerConfig, index: int, environment: dict[str, str], ports
     configure_logging(config.log_level, config.log_format)
     logging.getLogger(__name__).info("worker %d starting", index)
     if ports.wyoming is not None:
-        hand_over(ports.wyoming)  # the Wyoming door's, when it binds (server/doors/wyoming.py)
+        hand_over(ports.wyoming)  # the Wyoming door's, when it binds (server/doors/wyoming/)
     app = create_app(config)
     try:
         app.state.service.load()

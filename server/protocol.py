@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import orjson
 
-from voxwire.engine.errors import CodedError, quoted
+from voxwire.engine.errors import CodedError, ErrorCode, quoted
 from voxwire.engine.text.segment import SegmenterLimits
 from voxwire.server.audio import (
     FORMATS,
@@ -119,10 +119,10 @@ def parse(data: str | bytes) -> Message:
     """Decode and validate one client message (JSON text or msgpack binary)."""
     obj = _decode(data)
     if not isinstance(obj, dict):
-        raise ProtocolError("invalid_message", "a message must be an object with a \"type\" field")
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "a message must be an object with a \"type\" field")
     kind = obj.get("type")
     if not isinstance(kind, str):
-        raise ProtocolError("missing_field", "the message has no \"type\" field")
+        raise ProtocolError(ErrorCode.MISSING_FIELD, "the message has no \"type\" field")
     ctx = obj.get("ctx") if isinstance(obj.get("ctx"), str) else None
     try:
         if kind == "config":
@@ -132,13 +132,15 @@ def parse(data: str | bytes) -> Message:
             _only(obj, {"type", "ctx", "text", "final"} | SETTING_NAMES)
             text = obj.get("text", "")
             if not isinstance(text, str):
-                raise ProtocolError("invalid_field", "\"text\" must be a string")
+                raise ProtocolError(ErrorCode.INVALID_FIELD, "\"text\" must be a string")
             final = obj.get("final", True)
             if not isinstance(final, bool):
-                raise ProtocolError("invalid_field", "\"final\" must be true or false")
+                raise ProtocolError(ErrorCode.INVALID_FIELD, "\"final\" must be true or false")
             speak_ctx = _ctx(obj, required=False)
             if speak_ctx is None and not final:
-                raise ProtocolError("missing_field", "streamed text (\"final\": false) needs a \"ctx\" to continue")
+                raise ProtocolError(
+                    ErrorCode.MISSING_FIELD, "streamed text (\"final\": false) needs a \"ctx\" to continue"
+                )
             return Speak(ctx=speak_ctx, text=text, final=final, settings=validate_settings(obj))
         if kind == "flush":
             _only(obj, {"type", "ctx"})
@@ -150,15 +152,15 @@ def parse(data: str | bytes) -> Message:
             _only(obj, {"type", "ctx", "played"})
             played = obj.get("played")
             if played is None:
-                raise ProtocolError("missing_field", "a 'progress' message needs \"played\"")
+                raise ProtocolError(ErrorCode.MISSING_FIELD, "a 'progress' message needs \"played\"")
             if type(played) is not int or not 0 <= played <= MAX_PLAYED:
-                raise ProtocolError("invalid_field", "\"played\" must be a whole number of samples, 0 or more")
+                raise ProtocolError(ErrorCode.INVALID_FIELD, "\"played\" must be a whole number of samples, 0 or more")
             return Progress(ctx=_ctx(obj, required=True), played=played)
     except ProtocolError as e:
         e.ctx = e.ctx or ctx
         e.message_type = kind
         raise
-    raise ProtocolError("unknown_type", f"unknown message type {quoted(str(kind))}", ctx)
+    raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {quoted(str(kind))}", ctx)
 
 
 def _decode(data: str | bytes) -> Any:
@@ -168,33 +170,37 @@ def _decode(data: str | bytes) -> Any:
         except orjson.JSONDecodeError as e:
             # The position helps a person find the mistake; the parser's own words do not.
             raise ProtocolError(
-                "invalid_json", f"the message is not valid JSON (line {e.lineno}, column {e.colno})"
+                ErrorCode.INVALID_JSON, f"the message is not valid JSON (line {e.lineno}, column {e.colno})"
             ) from None
     try:
         # Any key type decodes, so a map with a non-string key is reported as the wrong
         # message shape (invalid_message) rather than as undecodable bytes.
         obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError("invalid_msgpack", "the binary message is not valid msgpack") from None
+        raise ProtocolError(ErrorCode.INVALID_MSGPACK, "the binary message is not valid msgpack") from None
     if isinstance(obj, dict) and not all(isinstance(k, str) for k in obj):
-        raise ProtocolError("invalid_message", "every key of a message must be a string")
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "every key of a message must be a string")
     return obj
 
 
 def _only(obj: dict[str, Any], allowed: set[str] | frozenset[str]) -> None:
     extra = sorted(k for k in obj if k not in allowed)
     if extra:
-        raise ProtocolError("unknown_field", f"unknown field {quoted(extra[0])} in a {quoted(str(obj['type']))} message")
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_FIELD, f"unknown field {quoted(extra[0])} in a {quoted(str(obj['type']))} message"
+        )
 
 
 def _ctx(obj: dict[str, Any], required: bool) -> str | None:
     ctx = obj.get("ctx")
     if ctx is None:
         if required:
-            raise ProtocolError("missing_field", f"a {obj['type']!r} message needs a \"ctx\"")
+            raise ProtocolError(ErrorCode.MISSING_FIELD, f"a {obj['type']!r} message needs a \"ctx\"")
         return None
     if not isinstance(ctx, str) or not 0 < len(ctx) <= MAX_CTX_CHARS or not ctx.isprintable():
-        raise ProtocolError("invalid_field", f"\"ctx\" must be a printable string of 1 to {MAX_CTX_CHARS} characters")
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"\"ctx\" must be a printable string of 1 to {MAX_CTX_CHARS} characters"
+        )
     return ctx
 
 
@@ -204,44 +210,47 @@ def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "voice" in obj:
         if not isinstance(obj["voice"], str) or not obj["voice"]:
-            raise ProtocolError("invalid_field", "\"voice\" must be a non-empty string")
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "\"voice\" must be a non-empty string")
         out["voice"] = obj["voice"]
     if "format" in obj:
         if obj["format"] not in FORMATS:
-            raise ProtocolError("invalid_format", f"\"format\" must be one of {', '.join(FORMATS)}")
+            raise ProtocolError(ErrorCode.INVALID_FORMAT, f"\"format\" must be one of {', '.join(FORMATS)}")
         out["format"] = obj["format"]
     if "sample_rate" in obj:
         rate = obj["sample_rate"]
         if type(rate) is not int or not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
             raise ProtocolError(
-                "invalid_sample_rate", f"\"sample_rate\" must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}"
+                ErrorCode.INVALID_SAMPLE_RATE,
+                f"\"sample_rate\" must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}",
             )
         out["sample_rate"] = rate
     if "chunk_ms" in obj:
         chunk = obj["chunk_ms"]
         if type(chunk) is not int or not MIN_CHUNK_MS <= chunk <= MAX_CHUNK_MS:
-            raise ProtocolError("invalid_chunk_ms", f"\"chunk_ms\" must be an integer from {MIN_CHUNK_MS} to {MAX_CHUNK_MS}")
+            raise ProtocolError(
+                ErrorCode.INVALID_CHUNK_MS, f"\"chunk_ms\" must be an integer from {MIN_CHUNK_MS} to {MAX_CHUNK_MS}"
+            )
         out["chunk_ms"] = chunk
     if "speed" in obj:
         speed = obj["speed"]
         if type(speed) not in (int, float) or not math.isfinite(speed) or not MIN_SPEED <= speed <= MAX_SPEED:
-            raise ProtocolError("invalid_speed", f"\"speed\" must be a number from {MIN_SPEED} to {MAX_SPEED}")
+            raise ProtocolError(ErrorCode.INVALID_SPEED, f"\"speed\" must be a number from {MIN_SPEED} to {MAX_SPEED}")
         out["speed"] = float(speed)
     if "timestamps" in obj:
         if not isinstance(obj["timestamps"], bool):
-            raise ProtocolError("invalid_field", "\"timestamps\" must be true or false")
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "\"timestamps\" must be true or false")
         out["timestamps"] = obj["timestamps"]
     if "fast_start" in obj:
         # null is a choice too: back to the voice's (or the server's) default for one
         # utterance of a session whose config chose otherwise.
         if obj["fast_start"] is not None and not isinstance(obj["fast_start"], bool):
-            raise ProtocolError("invalid_field", "\"fast_start\" must be true, false or null")
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "\"fast_start\" must be true, false or null")
         out["fast_start"] = obj["fast_start"]
     if "first_clause_words" in obj:
         words = obj["first_clause_words"]
         if type(words) is not int or not 0 <= words <= MAX_FIRST_CLAUSE_WORDS:
             raise ProtocolError(
-                "invalid_field", f"\"first_clause_words\" must be an integer from 0 (off) to {MAX_FIRST_CLAUSE_WORDS}"
+                ErrorCode.INVALID_FIELD, f"\"first_clause_words\" must be an integer from 0 (off) to {MAX_FIRST_CLAUSE_WORDS}"
             )
         out["first_clause_words"] = words
     return out

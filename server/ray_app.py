@@ -23,7 +23,7 @@ import copy
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
@@ -150,7 +150,7 @@ class Voxwire:
             ],
             "engine_rate": worker.engine.sample_rate if worker.engine else None,
             "steps": worker.stats.steps,
-            "generators_closed": worker.stats.generators_closed,
+            "streams_closed": worker.stats.streams_closed,
             "draining": service.draining,
         }
 
@@ -185,7 +185,8 @@ def build(args: dict[str, Any]) -> Application:
     port = args.get("metrics_port")
     if port is not None and (not isinstance(port, int) or not 0 <= port <= 65535 - METRICS_PORTS_PER_NODE):
         raise config_loader.SettingsError(f"metrics_port must be a port number (0: any free port), not {port!r}")
-    return Voxwire.bind(settings, metrics_port=port)
+    # serve.deployment made the class a Deployment; serve.ingress's annotations hide that.
+    return cast(serve.Deployment, Voxwire).bind(settings, metrics_port=port)
 
 
 def ray_is_stopping_this_replica() -> Callable[[], bool] | None:
@@ -204,7 +205,7 @@ def ray_is_stopping_this_replica() -> Callable[[], bool] | None:
     except Exception:  # not in an actor (local testing mode), or a Ray laid out otherwise
         return None
     replica = getattr(actor, "_replica_impl", None)
-    if not isinstance(getattr(replica, "_shutting_down", None), bool):
+    if replica is None or not isinstance(getattr(replica, "_shutting_down", None), bool):
         return None
     return lambda: bool(replica._shutting_down)
 

@@ -48,13 +48,13 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Future[None] | None = None
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started and sockets:
             port = sockets[0].getsockname()[1]
-            own = {door.name: door.sock.getsockname()[:2] for door in self.service.doors.values()
-                   if isinstance(getattr(door, "sock", None), socket.socket)}
+            own = {door.name: sock.getsockname()[:2] for door in self.service.doors.values()
+                   if isinstance(sock := getattr(door, "sock", None), socket.socket)}
             log.info(listening_line(self.config.host, port, own))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

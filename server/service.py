@@ -14,6 +14,7 @@ from voxwire.engine.base import EngineError
 from voxwire.engine.registry import engine_factory
 from voxwire.engine.supervisor import Supervisor
 from voxwire.engine.worker import Worker
+from voxwire.engine.worker_options import WorkerOptions
 from voxwire.server.accounting import Accounting
 from voxwire.server.cache import ResultCache
 from voxwire.server.config import ServerConfig
@@ -40,11 +41,11 @@ class Service:
         self.admission = admission or admission_for_process(config.limits)
         factory = engine_factory(config.engine)
         budget = config.engine.memory_budget_mb
-        base = make_worker or (lambda: Worker(
-            factory, max_queue_seconds=config.limits.max_queue_seconds, max_batch=config.engine.max_batch,
+        base = make_worker or (lambda: Worker(factory, WorkerOptions(
+            max_queue_seconds=config.limits.max_queue_seconds, max_batch=config.engine.max_batch,
             max_utterance_seconds=config.limits.max_utterance_seconds,
             memory_budget=None if budget is None else int(budget * 2**20),
-        ))
+        )))
         self.metrics = Metrics(self.snapshot, [door.name for door in doors], worker=str(worker_index() or 0))
         self.cache = ResultCache(int(config.cache_mb * 1024 * 1024))
 
@@ -156,10 +157,10 @@ class Service:
         self.gate.draining = True
         end = time.monotonic() + deadline_seconds
         # This process's own utterances: another worker's are its own to drain.
-        while self.pipeline.open_speeches and time.monotonic() < end:
+        while self.pipeline.open_utterances and time.monotonic() < end:
             await asyncio.sleep(0.05)
-        if self.pipeline.open_speeches:
-            log.warning("shutdown deadline reached with %d utterances in flight", len(self.pipeline.open_speeches))
+        if self.pipeline.open_utterances:
+            log.warning("shutdown deadline reached with %d utterances in flight", self.pipeline.open_utterances)
         # Every utterance still open fails now, whichever door it came through: a socket
         # is told why, and an HTTP body ends without its last chunk (docs/reliability.md).
         self.pipeline.abort_all("shutting_down", "the server is shutting down")

@@ -35,7 +35,7 @@ def listening_socket(
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:  # the Wyoming port under --workers: each worker binds it (server/doors/wyoming.py)
+    if reuse_port:  # the Wyoming port under --workers: each worker binds it (server/doors/wyoming/)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     if stall_timeout_seconds is not None and hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux

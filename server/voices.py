@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from voxwire.engine.base import Engine, EngineError
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.worker import Worker
 from voxwire.server.bodies import Body, TooLarge
 from voxwire.server.cache import ResultCache
@@ -34,13 +35,13 @@ MAX_DECODED_SAMPLES = MAX_DECODED_SECONDS * 192_000 * 2
 """60 s of 192 kHz stereo (88 MiB as float32): the most decoded, whatever the rate and channels."""
 
 _STATUS = {
-    "voice_registration_unsupported": 501,
-    "not_ready": 503,
-    "shutting_down": 503,
-    "engine_restarted": 503,
-    "engine_timeout": 503,
-    "upload_too_large": 413,
-    "voice_exists": 409,
+    ErrorCode.VOICE_REGISTRATION_UNSUPPORTED: 501,
+    ErrorCode.NOT_READY: 503,
+    ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.ENGINE_RESTARTED: 503,
+    ErrorCode.ENGINE_TIMEOUT: 503,
+    ErrorCode.UPLOAD_TOO_LARGE: 413,
+    ErrorCode.VOICE_EXISTS: 409,
 }
 
 
@@ -76,10 +77,10 @@ def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
     except (soundfile.LibsndfileError, RuntimeError, TypeError):
         # libsndfile's text names internal objects; the person needs to know what to send.
         raise EngineError(
-            "bad_audio", "the upload is not audio that can be decoded (send WAV, FLAC, OGG or MP3)"
+            ErrorCode.BAD_AUDIO, "the upload is not audio that can be decoded (send WAV, FLAC, OGG or MP3)"
         ) from None
     if audio.size == 0:
-        raise EngineError("bad_audio", "the upload holds no samples")
+        raise EngineError(ErrorCode.BAD_AUDIO, "the upload holds no samples")
     return audio.mean(axis=1).astype(np.float32), rate
 
 
@@ -118,10 +119,10 @@ def too_long(frames: int, rate: int, channels: int, holds: str | None = None) ->
     holds = holds or f"{frames / rate:.1f} s"
     if frames > MAX_DECODED_SECONDS * rate:
         return EngineError(
-            "audio_too_long", f"the upload holds {holds} of audio; a reference may be at most {MAX_DECODED_SECONDS} s"
+            ErrorCode.AUDIO_TOO_LONG, f"the upload holds {holds} of audio; a reference may be at most {MAX_DECODED_SECONDS} s"
         )
     return EngineError(
-        "audio_too_long",
+        ErrorCode.AUDIO_TOO_LONG,
         f"the upload holds {holds} of {channels}-channel audio at {rate} Hz, more data than "
         f"{MAX_DECODED_SECONDS} s of 192 kHz stereo; send fewer channels or a lower sample rate",
     )
@@ -133,12 +134,12 @@ async def cannot_clone(request: Request, engine: Engine) -> Response:
     see the connection close and answer its client 502 instead of this. A larger one is
     read no further than the limit (a declared one not at all), and the answer closes the
     connection."""
-    unsupported = error("voice_registration_unsupported", f"the {engine.name} engine cannot clone voices")
+    unsupported = error(ErrorCode.VOICE_REGISTRATION_UNSUPPORTED, f"the {engine.name} engine cannot clone voices")
     return await Body(request, MAX_UPLOAD_BYTES).settle(unsupported, MAX_UPLOAD_BYTES)
 
 
 def upload_too_large() -> JSONResponse:
-    return error("upload_too_large", f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
+    return error(ErrorCode.UPLOAD_TOO_LARGE, f"uploads are limited to {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB")
 
 
 def form_flag(value: object, field: str) -> bool | None:
@@ -147,7 +148,7 @@ def form_flag(value: object, field: str) -> bool | None:
         return None
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise EngineError("bad_request", f"\"{field}\" must be true or false (or left out)")
+    raise EngineError(ErrorCode.BAD_REQUEST, f"\"{field}\" must be true or false (or left out)")
 
 
 def list_voices(engine: Engine, default: str | None) -> JSONResponse:
@@ -164,7 +165,7 @@ async def register_voice(request: Request, worker: Worker, cache: ResultCache) -
         return await body.settle(upload_too_large(), 0)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return await body.settle(
-            error("bad_request", "send multipart/form-data with fields audio, transcript and name"), MAX_UPLOAD_BYTES
+            error(ErrorCode.BAD_REQUEST, "send multipart/form-data with fields audio, transcript and name"), MAX_UPLOAD_BYTES
         )
     try:
         form = await body.request.form(max_files=1, max_fields=4, max_part_size=MAX_UPLOAD_BYTES)
@@ -177,17 +178,17 @@ async def register_voice(request: Request, worker: Worker, cache: ResultCache) -
         return Response(status_code=499)
     except Exception:  # the multipart parser's errors have no common base
         return await body.settle(
-            error("bad_request", "the form could not be read as multipart/form-data"), MAX_UPLOAD_BYTES
+            error(ErrorCode.BAD_REQUEST, "the form could not be read as multipart/form-data"), MAX_UPLOAD_BYTES
         )
     upload = form.get("audio")
     transcript = form.get("transcript", "")
     name = form.get("name", "")
     if upload is None or isinstance(upload, str):
-        return error("bad_request", "the form needs a file field \"audio\"")
+        return error(ErrorCode.BAD_REQUEST, "the form needs a file field \"audio\"")
     if not isinstance(transcript, str) or not isinstance(name, str):
-        return error("bad_request", "\"transcript\" and \"name\" must be text fields")
+        return error(ErrorCode.BAD_REQUEST, "\"transcript\" and \"name\" must be text fields")
     if len(transcript) > MAX_TRANSCRIPT_CHARS:
-        return error("transcript_too_long", f"the transcript is limited to {MAX_TRANSCRIPT_CHARS} characters")
+        return error(ErrorCode.TRANSCRIPT_TOO_LONG, f"the transcript is limited to {MAX_TRANSCRIPT_CHARS} characters")
     data = await upload.read()  # within the limit: the whole body was
     try:
         fast_start = form_flag(form.get("fast_start"), "fast_start")

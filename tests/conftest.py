@@ -19,9 +19,14 @@ settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", derandomize=False, max_examples=5000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# The worker's thread checks are on in every test (engine/worker_lock.py): a call from
+# the wrong thread fails there instead of racing under load.
+os.environ.setdefault("VOXWIRE_CHECK_THREADS", "1")
+
 from voxwire.engine.base import Engine
 from voxwire.engine.registry import EngineOptions
 from voxwire.engine.worker import Worker
+from voxwire.engine.worker_options import WorkerOptions
 from voxwire.server.app import create_app
 from voxwire.server.config import ServerConfig
 from voxwire.server.doors import DOORS
@@ -65,9 +70,9 @@ def run_server(
 ) -> Iterator[RunningServer]:
     """A real uvicorn server on 127.0.0.1, in a thread of the test process, so tests can
     read the worker's counters while talking to it over real sockets."""
-    make_worker = (lambda: Worker(
-        engine, max_queue_seconds=config.limits.max_queue_seconds, max_utterance_seconds=config.limits.max_utterance_seconds,
-    )) if engine else None
+    make_worker = (lambda: Worker(engine, WorkerOptions(
+        max_queue_seconds=config.limits.max_queue_seconds, max_utterance_seconds=config.limits.max_utterance_seconds,
+    ))) if engine else None
     app = create_app(config, make_worker, doors)
     # The socket the server makes for itself (server/run.py), with its capped send buffer.
     sock = listening_socket("127.0.0.1", 0)

@@ -76,3 +76,12 @@ def test_make_check_runs_the_tests_not_marked_slow_with_the_test_install_and_no_
 def test_make_test_runs_every_test_with_no_marker_filter(tmp_path: Path):
     runs = pytest_runs(dry_run("test", tmp_path / "venv"))
     assert runs == [""], runs
+
+
+def test_make_check_and_make_test_type_check_before_their_tests(tmp_path: Path):
+    # A prerequisite: where mypy fails, make stops, and the target fails with it.
+    for target in ("check", "test"):
+        lines = dry_run(target, tmp_path / "venv")
+        checks = [i for i, line in enumerate(lines) if line.endswith("-m mypy")]
+        tests = [i for i, line in enumerate(lines) if "-m pytest" in line]
+        assert len(checks) == 1 and checks[0] < tests[0], lines

@@ -1,18 +1,21 @@
 """What installing Voxwire puts into an environment: one top-level name, ``voxwire``.
 
 The repository keeps server/, engine/ and benchmarks/ at its top (the design card's
-layout); pyproject.toml maps them under ``voxwire``, so that no one else's ``server``
-or ``engine`` package is shadowed by ours, nor ours by theirs.
+layout); voxwire/ links to them (voxwire/server is a link to ../server), so that they are
+``voxwire``'s subpackages, no one else's ``server`` or ``engine`` package is shadowed by
+ours, nor ours by theirs, and static tools follow the imports with no mapping.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,24 +23,62 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+LINKS = {"server": "../server", "engine": "../engine", "benchmarks": "../benchmarks", "clients/js": "../../clients/js"}
+"""voxwire/'s links to the top-level folders."""
+UNINSTALLED = ("voxwire.benchmarks.studies",)
+"""Packages in the checkout that the wheel leaves out: the one-off studies."""
+
+
 def setuptools_table() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
 
 
-def test_every_folder_is_packaged_under_voxwire():
+def test_voxwire_links_to_the_top_level_folders_and_maps_nothing():
+    for name, target in LINKS.items():
+        link = ROOT / "voxwire" / name
+        assert link.is_symlink() and os.readlink(link) == target, link
+    # The root, as found by the import system: no folder mapped elsewhere, so no import hook.
+    assert setuptools_table()["package-dir"] == {"": "."}
+
+
+def packages_on_disk() -> set[str]:
+    """The packages under voxwire/, through its links: folders with an __init__.py, and the
+    data-only browser client."""
+    found = {"voxwire.clients.js"}
+    for folder, _, files in os.walk(ROOT / "voxwire", followlinks=True):
+        if "__init__.py" in files and "__pycache__" not in folder:
+            found.add(".".join(Path(folder).relative_to(ROOT).parts))
+    return found
+
+
+def test_every_folder_is_packaged_under_voxwire_but_the_studies():
     table = setuptools_table()
-    folders = table["package-dir"]
-    assert set(folders) == {"voxwire", "voxwire.server", "voxwire.engine", "voxwire.benchmarks", "voxwire.clients.js"}
-    on_disk = set()
-    for package, folder in folders.items():
-        if not (ROOT / folder / "__init__.py").exists():  # data only: the browser client
-            assert table["package-data"].get(package), f"{folder} has no __init__.py and ships no files"
-            on_disk.add(package)
-            continue
-        for init in (ROOT / folder).rglob("__init__.py"):
-            parts = init.parent.relative_to(ROOT / folder).parts
-            on_disk.add(".".join((package, *parts)))
-    assert set(table["packages"]) == on_disk, "pyproject.toml's package list and the folders differ"
+    assert table["package-data"].get("voxwire.clients.js"), "the browser client ships no files"
+    packaged = set(table["packages"])
+    assert not {p for p in packaged if p.startswith(UNINSTALLED)}, "a study would be installed"
+    expected = {p for p in packages_on_disk() if not p.startswith(UNINSTALLED)}
+    assert packaged == expected, "pyproject.toml's package list and the folders differ"
+
+
+def first_party_imports(path: Path) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.lineno, node.module
+
+
+def test_nothing_imports_a_top_level_folder_by_its_own_name():
+    """The editable install puts the checkout's root on the path, where ``import server``
+    would work; installed from the wheel it fails. Every import names ``voxwire.``."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for top in ("voxwire", *LINKS)
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for line, name in first_party_imports(path)
+        if name.partition(".")[0] in {"server", "engine", "benchmarks", "clients"}
+    ]
+    assert wrong == []
 
 
 @pytest.mark.slow
@@ -52,8 +93,11 @@ def test_an_installed_voxwire_adds_only_its_own_name(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in setuptools_table()["package-dir"].values():
-        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
+    # As deploy/Dockerfile copies it: voxwire/ with its links, and the folders they name.
+    ignore = shutil.ignore_patterns("__pycache__", "node_modules")
+    shutil.copytree(ROOT / "voxwire", source / "voxwire", symlinks=True, ignore=ignore)
+    for folder in ("server", "engine", "benchmarks", "clients/js"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
     wheels = tmp_path / "wheels"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels),
@@ -85,6 +129,9 @@ def test_an_installed_voxwire_adds_only_its_own_name(tmp_path):
                       " and f.parts[0] != '..'})))")
     assert names.returncode == 0, names.stderr
     assert names.stdout.split() == ["voxwire"]
+    studies = run("-c", "from importlib.metadata import distribution\n"
+                        "print(*(f for f in distribution('voxwire').files if 'studies' in f.parts))")
+    assert studies.returncode == 0 and studies.stdout.strip() == "", studies.stdout + studies.stderr
     where = run("-c", "import voxwire.server.app, voxwire.engine.worker; print(voxwire.server.app.__file__)")
     assert where.returncode == 0, where.stderr
     assert where.stdout.strip().startswith(str(site)), "the installed package was not the one imported"

@@ -49,7 +49,7 @@ PRECISION_SENTENCES = [
     "Would you like me to read the rest of the message?",
 ]
 """Where bf16 is held against fp32, sample by sample: tests/engine/piper/test_precision.py's
-bounds and benchmarks/precision_convs.py's decoder SNR."""
+bounds and benchmarks/studies/precision_convs.py's decoder SNR."""
 
 _LLM_TOKEN = re.compile(r"\s*(?:\w+|[^\w\s]+)")
 

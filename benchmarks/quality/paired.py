@@ -5,7 +5,7 @@ hears a sentence read one way right and read another way wrong, so two rows of t
 server run differ by a point of WER or so with nothing between them but chance. Here
 Voxwire's engine (torch, chunked, in this process) speaks each corpus sentence once, in
 200 ms pieces as the worker hands them on; the server's own output path
-(``server.pipeline.Framer``: resampler, framer, encoder) turns that one audio into
+(``server.framing.Framer``: resampler, framer, encoder) turns that one audio into
 every format and rate, the client's decoder turns it back, and Whisper and DNSMOS hear
 each. What differs between two rows is then the format's doing alone.
 
@@ -33,7 +33,7 @@ from voxwire.benchmarks.quality.score import heard_sample, score
 from voxwire.benchmarks.quality.targets import COMPRESSED_AGAINST
 from voxwire.engine.audio_queue import Finished
 from voxwire.server.audio import stream_rate
-from voxwire.server.pipeline import AudioFrame, Framer
+from voxwire.server.framing import AudioFrame, Framer
 from voxwire.server.protocol import StreamSettings
 
 STEP_MS = 200

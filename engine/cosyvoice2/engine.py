@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..base import Engine, EngineError, Registered, Step, Stream, SynthesisParams, Voice
+from ..errors import ErrorCode
 from ..precision import Precision, resolve
 from ..precision import dtype as precision_dtype
 from ..threads import configure_cpu_threads
@@ -39,10 +40,10 @@ def resolve_precision(setting: str, device: str) -> Precision:
     try:
         precision = resolve(setting, device)
     except ValueError as e:
-        raise EngineError("bad_config", str(e)) from None
+        raise EngineError(ErrorCode.BAD_CONFIG, str(e)) from None
     if torch.device(device).type != "cuda":
         if setting == "bf16":
-            raise EngineError("bad_config", "CosyVoice2 computes in fp32 on the CPU; bf16 needs a CUDA device")
+            raise EngineError(ErrorCode.BAD_CONFIG, "CosyVoice2 computes in fp32 on the CPU; bf16 needs a CUDA device")
         return "fp32"
     return "fp16" if setting == "auto" and precision == "fp32" else precision
 
@@ -115,7 +116,7 @@ class CosyVoice2Engine(Engine):
         missing = missing_files(model_dir)
         if missing:
             raise EngineError(
-                "model_missing",
+                ErrorCode.MODEL_MISSING,
                 f"the CosyVoice2 model directory {model_dir} lacks: {', '.join(missing)}. {DOWNLOAD_HINT}",
             )
         dev = torch.device(device)
@@ -128,7 +129,7 @@ class CosyVoice2Engine(Engine):
             self.tokenizer = load_tokenizer(model_dir / "CosyVoice-BlankEN")
             self.frontend = Frontend(model_dir, self.models.cfg, self.tokenizer)
         except (ConfigError, CheckpointError) as exc:
-            raise EngineError("model_invalid", f"{model_dir}: {exc}") from exc
+            raise EngineError(ErrorCode.MODEL_INVALID, f"{model_dir}: {exc}") from exc
         self.device = str(dev)
         self.sample_rate = self.models.cfg.sample_rate
         self.first_chunk_tokens = first_chunk_tokens
@@ -172,7 +173,7 @@ class CosyVoice2Engine(Engine):
         content under another name, or with another ``fast_start`` asked for, is refused:
         what a voice does is not changed behind the backs of those who use it."""
         if not isinstance(audio, np.ndarray):
-            raise EngineError("bad_audio", "the reference audio must be a numpy array")
+            raise EngineError(ErrorCode.BAD_AUDIO, "the reference audio must be a numpy array")
         voice_id = content_id(audio, int(sample_rate), transcript or "")
         name = (name or "").strip()[:100]
         known = self.store.get(voice_id)
@@ -185,13 +186,13 @@ class CosyVoice2Engine(Engine):
             known = stored  # another registration of the same content won the race
         if name and name != known.name:
             raise EngineError(
-                "voice_exists",
+                ErrorCode.VOICE_EXISTS,
                 f"this audio and transcript are already registered as {known.name!r} (id {known.id}); "
                 "use that voice, or register other audio under the new name",
             )
         if fast_start is not None and fast_start != known.fast_start:
             raise EngineError(
-                "voice_exists",
+                ErrorCode.VOICE_EXISTS,
                 f"this audio and transcript are already registered as {known.name!r} (id {known.id}) with "
                 f"fast_start {json.dumps(known.fast_start)}; choose per request with the speak field \"fast_start\" instead",
             )
@@ -210,11 +211,11 @@ class CosyVoice2Engine(Engine):
         """Check the request and tokenise its text; no model work (that is ``step``'s)."""
         stored = self.store.get(params.voice)
         if stored is None:
-            raise EngineError("unknown_voice", f"no CosyVoice2 voice {params.voice!r}; register one first")
+            raise EngineError(ErrorCode.UNKNOWN_VOICE, f"no CosyVoice2 voice {params.voice!r}; register one first")
         if not 0.5 <= params.speed <= 2.0:
-            raise EngineError("bad_speed", f"speed {params.speed} is outside 0.5-2.0")
+            raise EngineError(ErrorCode.BAD_SPEED, f"speed {params.speed} is outside 0.5-2.0")
         if len(text) > MAX_TEXT_CHARS:
-            raise EngineError("text_too_long", f"text is {len(text)} characters; at most {MAX_TEXT_CHARS}")
+            raise EngineError(ErrorCode.TEXT_TOO_LONG, f"text is {len(text)} characters; at most {MAX_TEXT_CHARS}")
         ids = self.tokenizer.encode(normalize_text(text))
         self._utterance += 1  # the seed follows the order of arrival
         seed = (self._seed + self._utterance) % (1 << 63)

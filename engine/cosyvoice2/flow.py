@@ -29,6 +29,8 @@ def fixed_noise(cfg: CFMConfig, channels: int) -> Tensor:
 
 
 class CausalCFM(nn.Module):
+    noise: torch.Tensor  # a buffer (register_buffer), which nn.Module's typing cannot see
+
     def __init__(self, cfg: FlowConfig) -> None:
         super().__init__()
         self.cfg = cfg.cfm

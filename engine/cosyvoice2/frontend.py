@@ -17,6 +17,7 @@ import torch
 import torchaudio
 
 from ..base import EngineError
+from ..errors import ErrorCode
 from ..threads import onnx_session_options
 from .features import kaldi_fbank, matcha_mel, whisper_log_mel
 from .model_config import CosyVoice2Config
@@ -48,28 +49,30 @@ def _session(path: Path) -> onnxruntime.InferenceSession:
 def prepare_audio(audio: np.ndarray, sample_rate: int) -> torch.Tensor:
     """Validate an upload and return mono float32 at its own rate, or raise EngineError."""
     if not isinstance(audio, np.ndarray) or audio.size == 0:
-        raise EngineError("bad_audio", "the reference audio is empty or not an array")
+        raise EngineError(ErrorCode.BAD_AUDIO, "the reference audio is empty or not an array")
     if not isinstance(sample_rate, (int, np.integer)) or sample_rate <= 0:
-        raise EngineError("bad_audio", f"invalid sample rate {sample_rate!r}")
+        raise EngineError(ErrorCode.BAD_AUDIO, f"invalid sample rate {sample_rate!r}")
     if sample_rate < MIN_SAMPLE_RATE:
-        raise EngineError("bad_audio", f"reference audio must be sampled at {MIN_SAMPLE_RATE} Hz or more")
+        raise EngineError(ErrorCode.BAD_AUDIO, f"reference audio must be sampled at {MIN_SAMPLE_RATE} Hz or more")
     if not np.issubdtype(audio.dtype, np.floating):
-        raise EngineError("bad_audio", "reference audio must be floating point in [-1, 1]")
+        raise EngineError(ErrorCode.BAD_AUDIO, "reference audio must be floating point in [-1, 1]")
     if audio.ndim == 2:  # (samples, channels) or (channels, samples): mix down
         axis = 0 if audio.shape[0] < audio.shape[1] else 1
         audio = audio.mean(axis=axis)
     if audio.ndim != 1:
-        raise EngineError("bad_audio", f"reference audio must be mono or stereo, got shape {audio.shape}")
+        raise EngineError(ErrorCode.BAD_AUDIO, f"reference audio must be mono or stereo, got shape {audio.shape}")
     audio = audio.astype(np.float32)
     if not np.isfinite(audio).all():
-        raise EngineError("bad_audio", "reference audio contains NaN or infinity")
+        raise EngineError(ErrorCode.BAD_AUDIO, "reference audio contains NaN or infinity")
     seconds = audio.shape[0] / sample_rate
     if seconds < MIN_SECONDS:
-        raise EngineError("audio_too_short", f"reference audio is {seconds:.2f} s; at least {MIN_SECONDS:.0f} s needed")
+        raise EngineError(
+            ErrorCode.AUDIO_TOO_SHORT, f"reference audio is {seconds:.2f} s; at least {MIN_SECONDS:.0f} s needed"
+        )
     if seconds > MAX_SECONDS:
-        raise EngineError("audio_too_long", f"reference audio is {seconds:.1f} s; at most {MAX_SECONDS:.0f} s")
+        raise EngineError(ErrorCode.AUDIO_TOO_LONG, f"reference audio is {seconds:.1f} s; at most {MAX_SECONDS:.0f} s")
     if float(np.abs(audio).max()) < 1e-4:
-        raise EngineError("bad_audio", "reference audio is silent")
+        raise EngineError(ErrorCode.BAD_AUDIO, "reference audio is silent")
     return torch.from_numpy(np.clip(audio, -1.0, 1.0))
 
 
@@ -83,10 +86,12 @@ class Frontend:
     def transcript_ids(self, transcript: str) -> np.ndarray:
         text = normalize_text(transcript or "")
         if not text:
-            raise EngineError("transcript_missing", "a transcript of the reference audio is required")
+            raise EngineError(ErrorCode.TRANSCRIPT_MISSING, "a transcript of the reference audio is required")
         ids = self.tokenizer.encode(text)
         if len(ids) > MAX_TRANSCRIPT_TOKENS:
-            raise EngineError("transcript_too_long", f"the transcript is {len(ids)} tokens; at most {MAX_TRANSCRIPT_TOKENS}")
+            raise EngineError(
+                ErrorCode.TRANSCRIPT_TOO_LONG, f"the transcript is {len(ids)} tokens; at most {MAX_TRANSCRIPT_TOKENS}"
+            )
         return np.asarray(ids, dtype=np.int64)
 
     @torch.inference_mode()
@@ -111,7 +116,7 @@ class Frontend:
         ratio = self.cfg.token_mel_ratio
         n = min(mel.shape[0] // ratio, tokens.shape[0])
         if n < 1:
-            raise EngineError("audio_too_short", "the reference audio yields no speech tokens")
+            raise EngineError(ErrorCode.AUDIO_TOO_SHORT, "the reference audio yields no speech tokens")
         return Prompt(
             text_ids=text_ids,
             speech_tokens=tokens[:n],

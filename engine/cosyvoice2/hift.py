@@ -108,6 +108,8 @@ class SourceModule(nn.Module):
 
 
 class HiFTGenerator(nn.Module):
+    window: torch.Tensor  # a buffer (register_buffer), which nn.Module's typing cannot see
+
     def __init__(self, cfg: HiFTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -407,7 +409,7 @@ def render(hift: HiFTGenerator, windows: list[Window] | list[SeamWindow]) -> lis
     so windows of unequal lengths are not padded into one batch: that would change
     their edges. The caller groups them."""
     if isinstance(windows[0], SeamWindow):
-        return _render_official(hift, windows)  # type: ignore[arg-type]
+        return _render_official(hift, windows)
     f0 = hift.f0_predictor(torch.cat([w.f0_mel for w in windows]))
     phase_before = None
     if any(w.phase_before is not None for w in windows):

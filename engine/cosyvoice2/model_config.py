@@ -8,7 +8,7 @@ file describes the architecture this engine implements and picks out its numbers
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -185,10 +185,11 @@ def _expect(node: Any, class_name: str, where: str) -> Tagged:
 def _pick(node: Tagged, cls: type, rename: dict[str, str] | None = None, **extra: Any) -> Any:
     """Build ``cls`` from the node's kwargs that name its fields; the rest keep defaults."""
     rename = rename or {}
+    known = {f.name for f in fields(cls)}
     values: dict[str, Any] = {}
     for key, value in node.kwargs.items():
         name = rename.get(key, key)
-        if name in cls.__dataclass_fields__:
+        if name in known:
             values[name] = _freeze(value)
     values.update(extra)
     return cls(**values)
@@ -211,8 +212,28 @@ def parse_config(data: dict[str, Any], qwen: QwenConfig) -> CosyVoice2Config:
     for key in ("llm", "flow", "hift"):
         if key not in data:
             raise ConfigError(f"cosyvoice2.yaml has no '{key}' entry")
+    lm = _parse_lm(data["llm"], qwen)
+    flow_cfg = _parse_flow(data["flow"])
+    hift = _parse_hift(data["hift"])
+    mel = MelConfig()
+    feat = data.get("feat_extractor")
+    if isinstance(feat, Tagged):
+        mel = _pick(feat, MelConfig)
 
-    llm = _expect(data["llm"], "Qwen2LM", "llm")
+    return CosyVoice2Config(
+        lm=lm,
+        flow=flow_cfg,
+        hift=hift,
+        mel=mel,
+        sample_rate=int(data.get("sample_rate", hift.sampling_rate)),
+        token_frame_rate=int(data.get("token_frame_rate", flow_cfg.input_frame_rate)),
+        token_mel_ratio=flow_cfg.token_mel_ratio,
+        chunk_size=int(data.get("chunk_size", flow_cfg.encoder.static_chunk_size or 25)),
+    )
+
+
+def _parse_lm(node: Any, qwen: QwenConfig) -> LMConfig:
+    llm = _expect(node, "Qwen2LM", "llm")
     sampling_node = llm.get("sampling")
     sampling = SamplingConfig()
     if isinstance(sampling_node, Tagged):
@@ -221,13 +242,15 @@ def parse_config(data: dict[str, Any], qwen: QwenConfig) -> CosyVoice2Config:
         sampling = _pick(sampling_node, SamplingConfig)
     if int(llm.get("llm_input_size", qwen.hidden_size)) != qwen.hidden_size:
         raise ConfigError("llm.llm_input_size does not match CosyVoice-BlankEN/config.json")
-    lm = LMConfig(
+    return LMConfig(
         qwen=qwen,
         speech_token_size=int(llm.get("speech_token_size", 6561)),
         sampling=sampling,
     )
 
-    flow = _expect(data["flow"], "CausalMaskedDiffWithXvec", "flow")
+
+def _parse_flow(node: Any) -> FlowConfig:
+    flow = _expect(node, "CausalMaskedDiffWithXvec", "flow")
     enc = _expect(flow.get("encoder"), "UpsampleConformerEncoder", "flow.encoder")
     for key, allowed in (
         ("input_layer", ("linear",)),
@@ -248,8 +271,23 @@ def parse_config(data: dict[str, Any], qwen: QwenConfig) -> CosyVoice2Config:
         upsample_stride=token_mel_ratio,
         static_chunk_size=int(enc.get("static_chunk_size", 0) or 0),
     )
+    cfm, estimator = _parse_decoder(flow.get("decoder"))
+    flow_cfg = _pick(
+        flow,
+        FlowConfig,
+        encoder=encoder,
+        estimator=estimator,
+        cfm=cfm,
+        token_mel_ratio=token_mel_ratio,
+        pre_lookahead_len=pre_lookahead,
+    )
+    if flow_cfg.output_size != estimator.out_channels:
+        raise ConfigError("flow.output_size and the estimator's out_channels differ")
+    return flow_cfg
 
-    cfm_node = _expect(flow.get("decoder"), "CausalConditionalCFM", "flow.decoder")
+
+def _parse_decoder(node: Any) -> tuple[CFMConfig, EstimatorConfig]:
+    cfm_node = _expect(node, "CausalConditionalCFM", "flow.decoder")
     params = cfm_node.get("cfm_params")
     if isinstance(params, Tagged):  # !new:omegaconf.DictConfig {content: {...}}
         params = params.get("content", params.kwargs)
@@ -265,21 +303,11 @@ def parse_config(data: dict[str, Any], qwen: QwenConfig) -> CosyVoice2Config:
     est = _expect(cfm_node.get("estimator"), "CausalConditionalDecoder", "flow.decoder.estimator")
     if est.get("act_fn", "gelu") != "gelu":
         raise ConfigError("flow.decoder.estimator.act_fn must be gelu")
-    estimator = _pick(est, EstimatorConfig)
+    return cfm, _pick(est, EstimatorConfig)
 
-    flow_cfg = _pick(
-        flow,
-        FlowConfig,
-        encoder=encoder,
-        estimator=estimator,
-        cfm=cfm,
-        token_mel_ratio=token_mel_ratio,
-        pre_lookahead_len=pre_lookahead,
-    )
-    if flow_cfg.output_size != estimator.out_channels:
-        raise ConfigError("flow.output_size and the estimator's out_channels differ")
 
-    hift_node = _expect(data["hift"], "HiFTGenerator", "hift")
+def _parse_hift(node: Any) -> HiFTConfig:
+    hift_node = _expect(node, "HiFTGenerator", "hift")
     istft = hift_node.get("istft_params", {}) or {}
     f0 = hift_node.get("f0_predictor")
     f0_extra: dict[str, Any] = {}
@@ -290,28 +318,12 @@ def parse_config(data: dict[str, Any], qwen: QwenConfig) -> CosyVoice2Config:
             "f0_cond_channels": int(f0.get("cond_channels", 512)),
             "f0_num_class": int(f0.get("num_class", 1)),
         }
-    hift = _pick(
+    return _pick(
         hift_node,
         HiFTConfig,
         n_fft=int(istft.get("n_fft", 16)),
         hop_len=int(istft.get("hop_len", 4)),
         **f0_extra,
-    )
-
-    mel = MelConfig()
-    feat = data.get("feat_extractor")
-    if isinstance(feat, Tagged):
-        mel = _pick(feat, MelConfig)
-
-    return CosyVoice2Config(
-        lm=lm,
-        flow=flow_cfg,
-        hift=hift,
-        mel=mel,
-        sample_rate=int(data.get("sample_rate", hift.sampling_rate)),
-        token_frame_rate=int(data.get("token_frame_rate", flow_cfg.input_frame_rate)),
-        token_mel_ratio=token_mel_ratio,
-        chunk_size=int(data.get("chunk_size", encoder.static_chunk_size or 25)),
     )
 
 

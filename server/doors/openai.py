@@ -15,13 +15,11 @@ reads it no further). docs/protocol.md has the reference.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import secrets
 import struct
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,9 +35,11 @@ from voxwire.engine.text import expanded_length
 from voxwire.server import auth
 from voxwire.server.audio import content_type
 from voxwire.server.bodies import Body, TooLarge, declared_media_type
-from voxwire.server.doors.base import Door, ListenerStalled, utterance_events
-from voxwire.server.pipeline import AudioFrame, FailedEvent, Refused
+from voxwire.server.doors.base import Door, utterance_events
+from voxwire.server.framing import AudioFrame, FailedEvent
+from voxwire.server.pipeline import Refused
 from voxwire.server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
+from voxwire.server.speech import Speech
 
 log = logging.getLogger(__name__)
 
@@ -262,46 +262,13 @@ class OpenAIDoor(Door):
             voice=asked.voice, format=stream_format, sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed,
         )
         try:
-            speech = self.open(asked.text, True, settings, ids)
+            # Its text is bounded by the request's own limit (MAX_INPUT_CHARS, parse_request).
+            speech = self.open_utterance(asked.text, True, settings, ids)
         except Refused as e:
             status = _REFUSED_STATUS.get(e.code, 503)
             param = "voice" if e.code in ("unknown_voice", "no_voice") else None
             return openai_error(status, e.message, e.code, param, e.retry_after_ms or None)
-
-        async def body() -> AsyncIterator[bytes]:
-            if asked.fmt == "wav":
-                yield wav_header(RATE)
-            async for event in utterance_events(speech):
-                if isinstance(event, AudioFrame):
-                    if event.data:  # a codec may hold a whole chunk back (less than one frame)
-                        yield event.data
-                elif isinstance(event, FailedEvent):
-                    # The status line is gone already: the body ends without its last chunk,
-                    # which every HTTP client reports as an error; the log has the cause.
-                    raise StreamFailed(f"{event.code}: {event.message}")
-
-        stall_seconds = self.limits.stall_timeout_seconds
-
-        def send_within() -> float:
-            # A reader that takes the body only as it plays it leaves the buffers full while
-            # it has audio in hand: it has stalled only once all it was sent could have played.
-            now = time.monotonic()
-            heard_by = speech.received_at if speech.first_frame_at is None else (
-                speech.first_frame_at + speech.framer.samples / RATE
-            )
-            return max(now, heard_by) + stall_seconds - now
-
-        def stalled() -> None:
-            speech.end_stalled("not_reading")
-            log.info("the client took none of its audio for %g s; the response is cut", stall_seconds, extra=ids)
-
-        headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}
-        # However the response ends before done (the client went away, the server stops),
-        # the utterance ends as disconnected: end() counts only its first call.
-        return _Stream(
-            body(), media_type=media_type, headers=headers, on_close=lambda: speech.end("disconnected"),
-            send_within=send_within, on_stall=stalled,
-        )
+        return SpeechResponse(self, speech, asked.fmt == "wav", media_type, ids)
 
     async def _request(self, request: Request, ids: dict[str, str]) -> OpenAIRequest | Response:
         """The request read and checked, its voice named for the engine; or the response
@@ -353,18 +320,14 @@ class _Admitted(Response):
         door, request = self.door, self.request
         # Its address, or the one a trusted proxy forwards (uvicorn's proxy headers).
         client = request.client.host if request.client else None
-        refusal = door.gate.refusal(client)
+        refusal = door.admit(client)
         if refusal is not None:
-            door.refuse_connection(refusal.code)
             status = _GATE_STATUS.get(refusal.code, 503)
             await openai_error(status, refusal.message, refusal.code, retry_after_ms=1000)(scope, receive, send)
             return
-        try:
-            # At the drain's deadline its utterance is failed, which ends the body: nothing more to do.
-            async with door.connection(self, _ended_already):
-                await (await door.speech(request))(scope, receive, send)
-        finally:
-            door.gate.leave(client)
+        # At the drain's deadline its utterance is failed, which ends the body: nothing more to do.
+        async with door.connection(self, _ended_already, client):
+            await (await door.speech(request))(scope, receive, send)
 
 
 async def _ended_already() -> None:
@@ -375,34 +338,49 @@ class StreamFailed(Exception):
     """An utterance failed after its body began; raised to abort the response."""
 
 
-class _Stream(StreamingResponse):
-    """A streaming response that runs ``on_close`` however it ends, cancelled included,
-    and whose every piece of body must be taken within ``send_within()`` seconds: a
-    reader that stops reading would otherwise hold its utterance's slot for ever (TCP's
-    buffers fill, and then the send waits as long as it does)."""
+class SpeechResponse(StreamingResponse):
+    """A speech as a streamed body: its frames' bytes (after a header, for WAV), each
+    piece of body sent under the stall rule every door shares (``Sender``): a reader that
+    stops reading would otherwise hold its utterance's slot for ever (TCP's buffers fill,
+    and then the send waits as long as it does). However the response ends before done
+    (the client went away, the server stops), the utterance ends as disconnected:
+    ``end`` counts only its first call."""
 
-    def __init__(
-        self, *args: object, on_close: Callable[[], None], send_within: Callable[[], float],
-        on_stall: Callable[[], None], **kwargs: object,
-    ) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._on_close = on_close
-        self._send_within = send_within
-        self._on_stall = on_stall
+    def __init__(self, door: OpenAIDoor, speech: Speech, wav: bool, media_type: str, ids: dict[str, str]) -> None:
+        headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}
+        super().__init__(_audio(speech, wav), media_type=media_type, headers=headers)
+        self.door = door
+        self.speech = speech
+        self.ids = ids
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sender = self.door.sender(send, self._stalled)
+
         async def bounded(message: Message) -> None:
-            if message["type"] != "http.response.body":
+            if message["type"] == "http.response.body":
+                await sender.send(message, self.speech)
+            else:
                 await send(message)
-                return
-            try:
-                async with asyncio.timeout(self._send_within()):
-                    await send(message)
-            except TimeoutError:
-                self._on_stall()
-                raise ListenerStalled from None
 
         try:
             await super().__call__(scope, receive, bounded)
         finally:
-            self._on_close()
+            self.speech.end("disconnected")
+
+    def _stalled(self) -> None:
+        self.speech.end_stalled("not_reading")
+        stall = self.door.limits.stall_timeout_seconds
+        log.info("the client took none of its audio for %g s; the response is cut", stall, extra=self.ids)
+
+
+async def _audio(speech: Speech, wav: bool) -> AsyncIterator[bytes]:
+    if wav:
+        yield wav_header(RATE)
+    async for event in utterance_events(speech):
+        if isinstance(event, AudioFrame):
+            if event.data:  # a codec may hold a whole chunk back (less than one frame)
+                yield event.data
+        elif isinstance(event, FailedEvent):
+            # The status line is gone already: the body ends without its last chunk,
+            # which every HTTP client reports as an error; the log has the cause.
+            raise StreamFailed(f"{event.code}: {event.message}")

@@ -246,7 +246,7 @@ def test_the_js_client_in_chromium_plays_real_speech_through_the_proxy(proxy, ch
 
 
 async def test_cancel_through_the_proxy_stops_the_generator(proxy):
-    closed_before = total(await replicas(), "generators_closed")
+    closed_before = total(await replicas(), "streams_closed")
     async with websockets.connect(proxy) as ws:
         await ws.recv()
         # One unsplittable sentence: at its first frame the engine is inside it, so a
@@ -269,7 +269,7 @@ async def test_cancel_through_the_proxy_stops_the_generator(proxy):
             break
         await asyncio.sleep(0.25)
     assert utterances(probes) == []
-    assert total(probes, "generators_closed") == closed_before + 1
+    assert total(probes, "streams_closed") == closed_before + 1
 
 
 async def test_a_stalled_reader_is_computed_only_the_window_ahead_and_memory_stays_bounded(proxy):

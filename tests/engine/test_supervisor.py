@@ -8,6 +8,7 @@ from voxwire.engine.base import SynthesisParams
 from voxwire.engine.audio_queue import Failed, Finished
 from voxwire.engine.supervisor import Supervisor
 from voxwire.engine.worker import Worker
+from voxwire.engine.worker_options import WorkerOptions
 from tests.engine.test_worker import drain
 from tests.fixtures.engines import ToneEngine
 
@@ -22,7 +23,7 @@ async def test_hung_step_is_abandoned_and_a_new_worker_serves():
             engines.append(ToneEngine())
             return engines[-1]
 
-        return Worker(factory, warmup=False)
+        return Worker(factory, WorkerOptions(warmup=False))
 
     sup = Supervisor(make, step_timeout=0.3).start()
     sup.wait_ready(10)

@@ -7,11 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from voxwire.engine import worker as worker_module
+from voxwire.engine import utterance as utterance_module
 from voxwire.engine.base import SynthesisParams
 from voxwire.engine.audio_queue import Failed, Finished
 from voxwire.engine.text.segment import Segmenter
 from voxwire.engine.worker import Worker
+from voxwire.engine.worker_options import WorkerOptions
 from tests.fixtures.waiting import drain, wait_until
 from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitches, word_pitch
 
@@ -25,7 +26,7 @@ def engine():
 
 @pytest.fixture
 def worker(engine):
-    w = Worker(lambda: engine, max_queue_seconds=0.5, warmup=False).start()
+    w = Worker(lambda: engine, WorkerOptions(max_queue_seconds=0.5, warmup=False)).start()
     w.wait_ready(10)
     yield w
     engine.release.set()
@@ -39,7 +40,7 @@ async def test_utterance_audio_matches_its_words(worker):
     assert isinstance(end, Finished)
     assert audio.size == 4 * int(RATE * WORD_SECONDS)
     assert dominant_pitches(audio) == pytest.approx([word_pitch(w) for w in ["alpha", "beta", "gamma", "delta"]], abs=15)
-    assert u.segments == 2 and u.generator_closed
+    assert u.segments == 2 and u.stream_closed
 
 
 async def test_streamed_text_waits_for_more_and_finishes_on_final(worker, engine):
@@ -59,9 +60,9 @@ async def test_cancel_closes_the_generator_and_stops_computing(worker, engine):
     u.feed(" ".join(["word"] * 500) + ".", final=True)
     await wait_until(lambda: u.steps >= 3)
     u.cancel()
-    await wait_until(lambda: u.generator_closed)
+    await wait_until(lambda: u.stream_closed)
     steps = u.steps
-    closed = worker.stats.generators_closed
+    closed = worker.stats.streams_closed
     assert u.outcome == "cancelled" and closed >= 1
     # The worker is idle now; a second utterance runs to completion and the cancelled
     # one has not advanced by a single step meanwhile.
@@ -156,14 +157,14 @@ async def test_text_is_segmented_off_the_event_loop_which_keeps_turning(worker, 
             ticks += 1
             await asyncio.sleep(0)
 
-    monkeypatch.setattr(worker_module, "Segmenter", Watched)
+    monkeypatch.setattr(utterance_module, "Segmenter", Watched)
     counting = asyncio.create_task(ticker())
     try:
         u = worker.submit(TONE, asyncio.get_running_loop())
         u.feed("Dr. " * 5000, final=True)
         await wait_until(lambda: bool(seen) and bool(engine.segments))
         u.cancel()
-        await wait_until(lambda: u.generator_closed)
+        await wait_until(lambda: u.stream_closed)
     finally:
         counting.cancel()
     (thread, turns), = seen
@@ -173,7 +174,7 @@ async def test_text_is_segmented_off_the_event_loop_which_keeps_turning(worker, 
 
 
 async def test_an_utterance_past_the_ceiling_ends_with_utterance_too_long(engine):
-    w = Worker(lambda: engine, warmup=False, max_utterance_seconds=1.0).start()
+    w = Worker(lambda: engine, WorkerOptions(warmup=False, max_utterance_seconds=1.0)).start()
     w.wait_ready(10)
     try:
         loop = asyncio.get_running_loop()
@@ -184,7 +185,7 @@ async def test_an_utterance_past_the_ceiling_ends_with_utterance_too_long(engine
         assert isinstance(end, Failed) and end.code == "utterance_too_long"
         assert "1 s" in end.message
         assert audio.size == RATE  # exactly the ceiling's audio was delivered
-        assert long.generator_closed
+        assert long.stream_closed
         audio, end = await drain(short)
         assert isinstance(end, Finished) and audio.size == 9 * int(RATE * WORD_SECONDS)
     finally:

@@ -14,6 +14,7 @@ import pytest
 from voxwire.engine.audio_queue import Failed, Finished
 from voxwire.engine.base import SynthesisParams
 from voxwire.engine.worker import Worker
+from voxwire.engine.worker_options import WorkerOptions
 from tests.fixtures.waiting import drain, wait_until
 from tests.fixtures.engines import RATE, WORD_SECONDS, BatchToneEngine, dominant_pitches, word_pitch
 
@@ -22,7 +23,7 @@ WORD = int(RATE * WORD_SECONDS)
 
 
 def start(engine: BatchToneEngine, **kwargs) -> Worker:
-    w = Worker(lambda: engine, max_queue_seconds=30.0, warmup=False, **kwargs).start()
+    w = Worker(lambda: engine, WorkerOptions(max_queue_seconds=30.0, warmup=False, **kwargs)).start()
     w.wait_ready(10)
     return w
 
@@ -166,7 +167,7 @@ async def test_a_cancelled_member_leaves_before_the_next_step_and_the_others_fin
     (a_audio, a_end), (c_audio, c_end) = await asyncio.gather(drain(us[0]), drain(us[2]))
     assert isinstance(a_end, Finished) and isinstance(c_end, Finished)
     # A cancelled utterance's queue gets no end marker: its session says "cancelled".
-    assert us[1].outcome == "cancelled" and us[1].generator_closed and us[1].steps == 3
+    assert us[1].outcome == "cancelled" and us[1].stream_closed and us[1].steps == 3
     batches = engine.batches[1:]  # after the blocker's
     assert [victim in b for b in batches] == [True] * 3 + [False] * (len(batches) - 3)
     for text, audio in ((texts[0], a_audio), (texts[2], c_audio)):
@@ -214,7 +215,7 @@ async def test_the_memory_budget_makes_newcomers_wait_and_then_complete(stopping
         assert isinstance(end, Finished) and audio.size == 3 * WORD
     assert max(len(b) for b in engine.batches) == 2  # never more than the budget holds
     assert worker.stats.memory_waits >= 1
-    assert worker.memory_used == 0  # every admitted stream gave its memory back
+    assert worker.memory.used == 0  # every admitted stream gave its memory back
 
 
 async def test_a_segment_larger_than_the_whole_budget_fails_clearly(stopping):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import soxr
 
-from voxwire.server.audio import FrameCutter, Rechunker, encode, mulaw_encode
+from voxwire.server.audio import ChunkCutter, Rechunker, encode, mulaw_encode
 from voxwire_client.formats import mulaw_to_int16, to_float32
 
 
@@ -20,49 +20,49 @@ def speechlike(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("out_rate", [8000, 16000, 24000, 44100, 48000])
-def test_chunked_resampling_equals_whole_resampling(out_rate):
+def test_streamed_resampling_equals_whole_resampling(out_rate):
     x = speechlike(3.0, 22050)
     whole = soxr.resample(x, 22050, out_rate, quality="HQ")
-    stream = FrameCutter(22050, out_rate, chunk_ms=200)
-    frames = []
+    stream = ChunkCutter(22050, out_rate, chunk_ms=200)
+    chunks = []
     rng = np.random.default_rng(1)
     i = 0
     while i < x.size:  # pieces of random size, as an engine would yield them
         n = int(rng.integers(1, 9000))
-        frames += stream.push(x[i : i + n])
+        chunks += stream.push(x[i : i + n])
         i += n
-    frames += stream.finish()
-    chunked = np.concatenate(frames)
+    chunks += stream.finish()
+    chunked = np.concatenate(chunks)
     assert abs(chunked.size - whole.size) <= 1
     n = min(chunked.size, whole.size)
     # Tolerance: float32 rounding only; the filter state carries across every seam.
     assert np.max(np.abs(chunked[:n] - whole[:n])) < 1e-5
-    # No jump at the frame seams larger than the signal's own largest step.
+    # No jump at the chunk seams larger than the signal's own largest step.
     steps = np.abs(np.diff(chunked))
-    seams = np.cumsum([f.size for f in frames[:-1]])
+    seams = np.cumsum([c.size for c in chunks[:-1]])
     assert steps[seams - 1].max() <= steps.max()
 
 
-def test_frames_have_exact_duration_but_the_last():
-    stream = FrameCutter(22050, 24000, chunk_ms=150)
-    frames = stream.push(speechlike(2.0, 22050)) + stream.finish()
-    assert all(f.size == 3600 for f in frames[:-1])
-    assert 0 < frames[-1].size <= 3600
+def test_chunks_have_exact_duration_but_the_last():
+    stream = ChunkCutter(22050, 24000, chunk_ms=150)
+    chunks = stream.push(speechlike(2.0, 22050)) + stream.finish()
+    assert all(c.size == 3600 for c in chunks[:-1])
+    assert 0 < chunks[-1].size <= 3600
 
 
-def test_the_first_frame_leaves_once_it_holds_150_ms():
-    stream = FrameCutter(24000, 24000, chunk_ms=250)
+def test_the_first_chunk_leaves_once_it_holds_150_ms():
+    stream = ChunkCutter(24000, 24000, chunk_ms=250)
     assert stream.push(speechlike(0.1, 24000)) == []  # 100 ms: not yet
     (first,) = stream.push(speechlike(0.06, 24000))  # 160 ms: out it goes, short
     assert first.size == 3840
-    assert stream.push(speechlike(0.2, 24000)) == []  # then full 250 ms frames only
-    assert [f.size for f in stream.push(speechlike(0.1, 24000))] == [6000]
+    assert stream.push(speechlike(0.2, 24000)) == []  # then full 250 ms chunks only
+    assert [c.size for c in stream.push(speechlike(0.1, 24000))] == [6000]
 
 
 def test_rechunker_flush_returns_the_remainder():
     r = Rechunker(100)
-    assert [f.size for f in r.push(np.ones(250, np.float32))] == [100, 100]
-    assert [f.size for f in r.flush()] == [50]
+    assert [c.size for c in r.push(np.ones(250, np.float32))] == [100, 100]
+    assert [c.size for c in r.flush()] == [50]
     assert r.flush() == []
 
 

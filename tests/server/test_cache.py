@@ -10,7 +10,8 @@ import pytest
 from voxwire.engine.base import WordTimings
 from voxwire.server.cache import REPLAY_SLICE_SECONDS, CachedAudio, ResultCache
 from voxwire.server.config import ServerConfig
-from voxwire.server.pipeline import Framer, Speech, UtteranceRequest
+from voxwire.server.framing import Framer
+from voxwire.server.speech import Speech, UtteranceRequest
 from tests.conftest import RunningServer, run_server
 from tests.server.codec_checks import decode
 from tests.fixtures.waiting import wait_until
@@ -145,9 +146,9 @@ async def test_a_long_replay_takes_turns_with_the_rest_of_the_event_loop(cached_
 
     async def ticker(speech: Speech) -> None:
         while speech.outcome is None:
-            seen.append(speech.framer.frames)
+            seen.append(speech.frames_sent)
             await asyncio.sleep(0)
-        seen.append(speech.framer.frames)
+        seen.append(speech.frames_sent)
 
     def watched(request: UtteranceRequest) -> Speech:
         speech = open_speech(request)

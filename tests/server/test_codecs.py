@@ -13,7 +13,7 @@ import pytest
 
 from voxwire.engine.audio_queue import Failed, Finished, Flushed
 from voxwire.server.audio import FORMATS, FormatError, describe, stream_rate
-from voxwire.server.pipeline import AudioFrame, FailedEvent, FlushedEvent, Framer
+from voxwire.server.framing import AudioFrame, FailedEvent, FlushedEvent, Framer
 from voxwire.server.protocol import ProtocolError, StreamSettings, parse
 from tests.server.codec_checks import HELD_BACK, PRIMING, assert_matches_pcm, codec_frame, decode
 

@@ -195,8 +195,8 @@ async def test_a_client_that_vanishes_stops_its_utterance_before_the_next_step()
         steps_at_abort = u.steps
         sock.close()
         for _ in range(100):
-            if u.generator_closed:
+            if u.stream_closed:
                 break
             await asyncio.sleep(0.05)
-        assert u.generator_closed and u.outcome == "cancelled"
+        assert u.stream_closed and u.outcome == "cancelled"
         assert u.steps <= steps_at_abort + 1  # at most the step already running

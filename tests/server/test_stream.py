@@ -137,7 +137,7 @@ async def test_cancel_stops_audio_and_computation(piper_server):
 
 async def test_disconnect_mid_stream_closes_generators_and_others_carry_on(piper_server):
     worker = piper_server.service.worker
-    closed_before = worker.stats.generators_closed
+    closed_before = worker.stats.streams_closed
     ws = await websockets.connect(piper_server.ws)
     await read(ws)
     # One unsplittable sentence of ~20 s per utterance: when the first frame arrives the
@@ -154,7 +154,7 @@ async def test_disconnect_mid_stream_closes_generators_and_others_carry_on(piper
             break
         await asyncio.sleep(0.01)
     assert worker.active == 0 and piper_server.service.admission.utterances == 0
-    assert worker.stats.generators_closed >= closed_before + 1
+    assert worker.stats.streams_closed >= closed_before + 1
     result = await synthesize_async(SENTENCE, piper_server.ws)
     assert_speech(result.audio, result.sample_rate, words=9)
 

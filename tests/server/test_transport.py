@@ -24,6 +24,7 @@ import pytest
 import websockets
 
 from voxwire.engine.worker import Worker
+from voxwire.engine.worker_options import WorkerOptions
 from voxwire.server.app import create_app
 from voxwire.server.config import ServerConfig
 from voxwire.server.doors.base import Gate
@@ -54,9 +55,9 @@ def guarded_server(config: ServerConfig) -> Iterator[Guarded]:
     """The server ``voxwire serve`` runs (``http_server``), around the tone engine, in a
     thread of the test process."""
     limits = config.limits
-    app = create_app(config, lambda: Worker(
-        ToneEngine, max_queue_seconds=limits.max_queue_seconds, max_utterance_seconds=limits.max_utterance_seconds,
-    ))
+    app = create_app(config, lambda: Worker(ToneEngine, WorkerOptions(
+        max_queue_seconds=limits.max_queue_seconds, max_utterance_seconds=limits.max_utterance_seconds,
+    )))
     sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = http_server(app, "127.0.0.1", port, "warning")

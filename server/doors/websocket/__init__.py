@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -30,7 +31,12 @@ CLOSE_TRY_AGAIN_LATER = 1013
 # A connection the gate refuses is closed with the code that says whether to come back.
 GATE_CLOSE_CODES = {"shutting_down": CLOSE_GOING_AWAY}
 
-Message = dict[str, Any]
+
+def gate_close_code(reason: str) -> int:
+    """The close code for a connection the gate refused for ``reason``."""
+    return GATE_CLOSE_CODES.get(reason, CLOSE_TRY_AGAIN_LATER)
+
+Message = MutableMapping[str, Any]
 DISCONNECT: Message = {"type": "websocket.disconnect"}
 
 
@@ -53,11 +59,9 @@ class WebSocketDoor(Door):
             return
         # Per client: its address, or the one a trusted proxy forwards (uvicorn's proxy headers).
         client = ws.client.host if ws.client else None
-        refusal = self.gate.refusal(client)
+        refusal = self.admit(client, gate_close_code)
         if refusal is not None:
-            code = GATE_CLOSE_CODES.get(refusal.code, CLOSE_TRY_AGAIN_LATER)
-            self.refuse_connection(refusal.code, code)
-            await ws.close(code, refusal.message)
+            await ws.close(gate_close_code(refusal.code), refusal.message)
             return
         session = Session(self, self.defaults(), ws.send_text, ws.send_bytes)
         connection = _Connection(ws, session, self.limits.idle_timeout_seconds)
@@ -66,7 +70,7 @@ class WebSocketDoor(Door):
             await session.fail_all("shutting_down", "the server is shutting down")
             await connection.close(CLOSE_GOING_AWAY, "the server is shutting down")
 
-        async with self.connection(session, shutdown):
+        async with self.connection(session, shutdown, client):
             try:
                 await ws.send_text(session.ready_message())
                 await self.converse(connection, connection.receive)
@@ -75,7 +79,6 @@ class WebSocketDoor(Door):
             except (WebSocketDisconnect, RuntimeError):
                 pass  # the socket went away (RuntimeError: a send after the close)
             finally:
-                self.gate.leave(client)
                 await session.close()
 
 

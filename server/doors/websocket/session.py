@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 
 from voxwire.server import protocol
 from voxwire.server.audio import describe
-from voxwire.server.doors.base import FLOOD_WINDOW_SECONDS, Door, Flooded, ListenerStalled
-from voxwire.server.pipeline import AudioFrame, Done, Event, FailedEvent, FlushedEvent, Refused, Speech, Words
+from voxwire.server.doors.base import FLOOD_WINDOW_SECONDS, Door, Flooded
+from voxwire.server.framing import AudioFrame, Done, Event, FailedEvent, FlushedEvent, Words
+from voxwire.server.pipeline import Refused
 from voxwire.server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
+from voxwire.server.speech import Speech
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,8 @@ class Session:
         self.limits = door.limits
         self._send_text = send_text
         self._send_bytes = send_bytes
-        # Several utterance tasks share one socket; frames must not interleave mid-send.
-        self._send_lock = asyncio.Lock()
+        # Several utterance tasks share one socket: the sender takes one message at a time.
+        self._sender = door.sender(self._transmit, self._listener_stalled)
         self._live: dict[str, ActiveUtterance] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()  # a bounded set, oldest first
         self._auto_ctx = 0
@@ -75,10 +77,6 @@ class Session:
         self._budget = door.budget()
         self.id = secrets.token_hex(6)
         self.last_message_at = time.monotonic()
-        self._playing_until = 0.0
-        """When the client will have played every frame it was sent (monotonic clock)."""
-        self._not_reading = False
-        """A send outlasted the stall timeout: the socket takes nothing, nothing more is sent."""
 
     # -- messages -------------------------------------------------------------------------
 
@@ -101,7 +99,7 @@ class Session:
     async def handle(self, data: str | bytes) -> None:
         """Act on one client message. Protocol errors are answered, never raised;
         ``ListenerStalled`` is, when the socket takes nothing (the door must drop it)."""
-        self._check_reading()
+        self._sender.check()
         self.last_message_at = time.monotonic()
         try:
             message = protocol.parse(data)
@@ -186,14 +184,11 @@ class Session:
         settings = protocol.with_overrides(self.defaults, message.settings)
         ids = {"session": self.id, "ctx": ctx}
         try:
-            refusal = self._refusal(message.text)
-            if refusal is not None:
-                self.door.refused(refusal.code, ids, settings.voice, message.text)
-                raise refusal
-            speech = self.door.open(message.text, message.final, settings, ids)
+            speech = self.door.open_utterance(
+                message.text, message.final, settings, ids, self._budget, refusal=self._too_many(),
+            )
         except Refused as e:
             raise _protocol_error(e, ctx) from None
-        self._budget.spend(message.text)
         active = self._live[ctx] = ActiveUtterance(ctx, speech, last_text_at=time.monotonic())
         # The container and codec, so a client knows how to read the frames' bytes.
         started = {**speech.settings.to_dict(), **describe(speech.settings.format)}
@@ -213,22 +208,20 @@ class Session:
             raise ProtocolError(
                 "invalid_field", f"{refused} can only be set in the first speak of an utterance", ctx
             )
-        refusal = self._budget.refusal(message.text, active.speech.text_chars)
-        if refusal is not None:
-            raise _protocol_error(refusal, ctx)
+        try:
+            self.door.feed(active.speech, message.text, message.final, self._budget)
+        except Refused as e:
+            raise _protocol_error(e, ctx) from None
         active.last_text_at = time.monotonic()
-        self._budget.spend(message.text)
-        active.speech.feed(message.text, message.final)
 
-    def _refusal(self, text: str) -> Refused | None:
-        """This connection's own limits on a new utterance."""
-        refusal = self._budget.refusal(text)
-        if refusal is None and len(self._live) >= self.limits.max_utterances_per_socket:
-            refusal = Refused(
-                "too_many_utterances",
-                f"at most {self.limits.max_utterances_per_socket} utterances may be active on one connection",
-            )
-        return refusal
+    def _too_many(self) -> Refused | None:
+        """This connection's own limit on a new utterance: its active ones."""
+        if len(self._live) < self.limits.max_utterances_per_socket:
+            return None
+        return Refused(
+            "too_many_utterances",
+            f"at most {self.limits.max_utterances_per_socket} utterances may be active on one connection",
+        )
 
     async def _flush(self, ctx: str) -> None:
         # Ended, or ending, while the flush was on its way: all its audio was sent, which
@@ -243,8 +236,8 @@ class Session:
                 return  # it finished while the cancel was on its way: nothing to stop
             raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
         await self._stop(active, "cancelled")
-        stream = active.speech.framer
-        await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=stream.samples, frames=stream.frames))
+        speech = active.speech
+        await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=speech.samples_sent, frames=speech.frames_sent))
 
     def _progress(self, message: Progress) -> None:
         """Playback progress: from now on this utterance is computed at most the flow
@@ -253,7 +246,7 @@ class Session:
         # Not active: a player reporting the tail of an ended utterance, or one refused
         # while its first report was on the way. Progress is advice, so it is no error.
         if active is not None:
-            played = min(message.played, active.speech.framer.samples)
+            played = min(message.played, active.speech.samples_sent)
             if active.progress_at is None or played > active.played:
                 active.progress_at, active.played = time.monotonic(), played
             active.speech.played(message.played, self.limits.flow_window_seconds)
@@ -285,13 +278,10 @@ class Session:
     async def _deliver(self, active: ActiveUtterance, event: Event) -> None:
         """One of the utterance's events, sent as protocol v1 has it. Between two, its
         task waits: the time a listener that reports progress can hold the engine back."""
-        speech, ctx = active.speech, active.ctx
+        ctx = active.ctx
         active.waiting_since = None
         if isinstance(event, AudioFrame):
-            await self._send(protocol.audio_frame(ctx, event.seq, event.offset, event.samples, event.data))
-            assert speech.first_frame_at is not None
-            played_by = speech.first_frame_at + speech.framer.samples / speech.settings.sample_rate
-            self._playing_until = max(self._playing_until, played_by)
+            await self._send(protocol.audio_frame(ctx, event.seq, event.offset, event.samples, event.data), active.speech)
             # A send into a socket with room does not suspend; yield anyway, so a cancel
             # waiting on this connection is read between two frames.
             await asyncio.sleep(0)
@@ -318,12 +308,7 @@ class Session:
     async def _stop(self, active: ActiveUtterance, outcome: str, code: str | None = None) -> None:
         """End an utterance from this side (cancel, idle, shutdown, socket gone): its
         computation stops and its queued audio goes, before anything else is sent."""
-        active.speech.end(outcome, code)
-        if active.task is not None and not active.task.done():
-            active.task.cancel()
-            # wait() rather than await: a cancel of this coroutine itself must propagate.
-            await asyncio.wait({active.task})
-        active.speech.drop_queued()
+        await self.door.stop(active.speech, active.task, outcome, code)
         self._forget(active)
 
     # -- idleness ------------------------------------------------------------------------------
@@ -336,7 +321,7 @@ class Session:
         its own idle_timeout error, so the close never overtakes the error."""
         if self._live:
             return math.inf
-        quiet_since = max(self.last_message_at, self._playing_until)
+        quiet_since = max(self.last_message_at, self._sender.playing_until)
         return quiet_since + self.limits.idle_timeout_seconds - now
 
     def open_utterance_expires_in(self, now: float) -> float:
@@ -350,7 +335,7 @@ class Session:
         producer has gone quiet) and each whose listener stalled (below): neither must
         hold a slot for ever. The door calls this at least once a second while any
         utterance is active. Raises ``ListenerStalled`` once the socket takes nothing."""
-        self._check_reading()
+        self._sender.check()
         await self._end_stalled_listeners(now)
         idle = self.limits.idle_timeout_seconds
         for active in list(self._live.values()):
@@ -387,12 +372,12 @@ class Session:
                 )
             )
 
-    def _listener_stalled(self) -> ListenerStalled:
-        """The socket took nothing for the stall timeout: every utterance on it ends now
-        (slot, computation and queued audio given back). No error can be sent through a
-        socket that takes nothing, so the utterances are counted and logged as
-        ``listener_stalled``, and the door drops the connection."""
-        self._not_reading = True
+    def _listener_stalled(self) -> None:
+        """The socket took nothing for the stall timeout (the sender raises
+        ``ListenerStalled`` next): every utterance on it ends now (slot, computation and
+        queued audio given back). No error can be sent through a socket that takes nothing,
+        so the utterances are counted and logged as ``listener_stalled``, and the door
+        drops the connection."""
         stall = self.limits.stall_timeout_seconds
         current = asyncio.current_task()
         for active in list(self._live.values()):
@@ -403,35 +388,22 @@ class Session:
             active.speech.drop_queued()
             self._forget(active)
         log.info("session %s: the client took no audio for %g s; dropping the connection", self.id, stall)
-        return ListenerStalled(f"the client took no audio for {stall:g} s (stall_timeout_seconds)")
-
-    def _check_reading(self) -> None:
-        if self._not_reading:
-            raise ListenerStalled("the client takes no audio")
 
     # -- transport ---------------------------------------------------------------------------
 
-    async def _send(self, message: str | bytes) -> None:
-        """Send one frame, waiting at most the stall timeout for the socket to take it.
-        A client that stops reading fills the socket's buffers and then a send waits for
-        as long as it does (the transport's write buffer is full): unbounded, it would
-        hold this utterance, every other one on the socket and their slots for ever."""
+    async def _send(self, message: str | bytes, audio_of: Speech | None = None) -> None:
+        """Send one message, bounded by the stall rule (``Sender``; ``audio_of``: the
+        speech whose audio it carries). Raises ``ListenerStalled`` once the socket takes
+        nothing."""
         if self._closed:
             raise ConnectionError("session closed")
-        async with self._send_lock:
-            self._check_reading()
-            now = time.monotonic()
-            # A player that reads only as it plays leaves the buffers full while it has
-            # audio in hand; it has stalled only once all it was sent could have played.
-            wait = max(now, self._playing_until) + self.limits.stall_timeout_seconds - now
-            try:
-                async with asyncio.timeout(wait):
-                    if isinstance(message, str):
-                        await self._send_text(message)
-                    else:
-                        await self._send_bytes(message)
-            except TimeoutError:
-                raise self._listener_stalled() from None
+        await self._sender.send(message, audio_of)
+
+    async def _transmit(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            await self._send_text(message)
+        else:
+            await self._send_bytes(message)
 
     async def fail_all(self, code: str, message: str) -> None:
         """Stop every utterance, telling its client why (a shutdown past its deadline)."""

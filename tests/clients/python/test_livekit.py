@@ -159,7 +159,7 @@ async def test_an_agent_sessions_aligned_transcript_keeps_the_texts_punctuation(
 
 async def test_aclose_mid_utterance_cancels_it_on_the_server(piper_server):
     service = piper_server.service
-    closed_before = service.worker.stats.generators_closed
+    closed_before = service.worker.stats.streams_closed
     cancelled_before = scrape(piper_server).get(CANCELLED, 0)
     tts = TTS(url=piper_server.ws)
     stream = tts.stream()
@@ -173,7 +173,7 @@ async def test_aclose_mid_utterance_cancels_it_on_the_server(piper_server):
     await stream.aclose()
 
     await until(lambda: service.worker.active == 0 and service.admission.utterances == 0)
-    assert service.worker.stats.generators_closed >= closed_before + 1
+    assert service.worker.stats.streams_closed >= closed_before + 1
     await until(lambda: scrape(piper_server).get(CANCELLED, 0) == cancelled_before + 1)
     # No more audio: the stream is over, and the socket's client no longer routes the
     # cancelled utterance's frames anywhere.

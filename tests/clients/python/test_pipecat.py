@@ -217,7 +217,7 @@ async def test_turns_share_one_socket(piper_server):
 
 async def test_an_interruption_cancels_the_utterance_on_the_server(piper_server):
     worker_stats, service = piper_server.service.worker.stats, piper_server.service
-    closed_before = worker_stats.generators_closed
+    closed_before = worker_stats.streams_closed
     async with running(VoxwireTTSService(url=piper_server.ws)) as (worker, up, down):
         # Three long sentences, a minute of speech: the engine is inside one when the cancel comes.
         await worker.queue_frame(TTSSpeakFrame(" ".join([ONE_LONG_SENTENCE] * 3)))
@@ -227,7 +227,7 @@ async def test_an_interruption_cancels_the_utterance_on_the_server(piper_server)
         await until(lambda: any(isinstance(f, InterruptionFrame) for f in down.seen()), "the interruption")
         # The server stopped computing: the engine's stream was closed, its slot given back.
         await until(lambda: service.worker.active == 0 and service.admission.utterances == 0, "the server to let go")
-        assert worker_stats.generators_closed > closed_before
+        assert worker_stats.streams_closed > closed_before
         await asyncio.sleep(0.5)  # time for any straggler to show
         seen = down.seen()
         cut = next(i for i, f in enumerate(seen) if isinstance(f, InterruptionFrame))

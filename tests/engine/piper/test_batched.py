@@ -99,7 +99,7 @@ def test_every_newcomer_of_a_burst_has_audio_after_the_first_step(engine):
 def test_a_wide_burst_gets_longer_first_pieces_and_the_same_audio(engine):
     """On a CPU a burst's second steps run one after another, so its first pieces must
     last longer than a lone newcomer's; the audio is the same, cut elsewhere."""
-    from voxwire.engine.piper.chunked import FIRST_CHUNK_FRAMES
+    from voxwire.engine.piper.chunked import FIRST_PIECE_FRAMES
     from voxwire.engine.piper.engine import WIDE_START
 
     hop = engine._voices["joe"].config.hop_length
@@ -115,13 +115,13 @@ def test_a_wide_burst_gets_longer_first_pieces_and_the_same_audio(engine):
     together, sizes = run_batched(engine, wide, joins=[0] * len(wide))
     assert sizes[0] == wide_start
     for one, batched in zip(alone, together):
-        assert first_audio(one).size == FIRST_CHUNK_FRAMES * hop
-        assert first_audio(batched).size == 2 * FIRST_CHUNK_FRAMES * hop
+        assert first_audio(one).size == FIRST_PIECE_FRAMES * hop
+        assert first_audio(batched).size == 2 * FIRST_PIECE_FRAMES * hop
         a, b = split(one)[0], split(batched)[0]
         assert a.shape == b.shape and np.abs(a - b).max() < MATCH[engine.precision][0]
     # Fewer at once keep the short first piece.
     pieces, _ = run_batched(engine, texts[: wide_start - 1], joins=[0] * (wide_start - 1))
-    assert all(first_audio(p).size == FIRST_CHUNK_FRAMES * hop for p in pieces)
+    assert all(first_audio(p).size == FIRST_PIECE_FRAMES * hop for p in pieces)
 
 
 def test_batched_priors_draw_each_sentences_noise_as_alone(vits, phoneme_ids):
@@ -150,12 +150,11 @@ async def test_a_stream_that_fails_a_batched_step_fails_alone_in_the_worker(engi
     the others speak as they do without it."""
     import asyncio
 
-    from voxwire.engine import worker as worker_module
     from voxwire.engine.audio_queue import Failed, Finished
+    from voxwire.engine.worker import Worker
+    from voxwire.engine.worker_options import WorkerOptions
     from tests.fixtures.waiting import drain
 
-    # Keep the single thread this module pins: the worker would adapt the engine's own.
-    monkeypatch.setattr(worker_module, "adapt_cpu_threads", torch.get_num_threads)
     calls: list[tuple[int, bool]] = []  # (streams, raised) per engine step
     real = engine.step
 
@@ -172,7 +171,9 @@ async def test_a_stream_that_fails_a_batched_step_fails_alone_in_the_worker(engi
 
     async def speak(requests: list[tuple[str, SynthesisParams]]) -> list[tuple[np.ndarray, object]]:
         # A long gather window: the utterances share the first step however slow the machine.
-        worker = worker_module.Worker(lambda: engine, warmup=False, gather_seconds=0.5).start()
+        # Keep the single thread this module pins: the default policy would adapt the engine's own.
+        options = WorkerOptions(warmup=False, gather_seconds=0.5, cpu_threads=torch.get_num_threads)
+        worker = Worker(lambda: engine, options).start()
         try:
             worker.wait_ready(60)
             await asyncio.sleep(0.05)  # the worker waits idle, so the first request gathers the rest

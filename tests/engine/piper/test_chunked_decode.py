@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from voxwire.engine.piper import chunked
-from voxwire.engine.piper.chunked import chunk_spans, decode_chunks, stream_chunks
+from voxwire.engine.piper.chunked import piece_spans, decode_chunks, stream_chunks
 from voxwire.engine.piper.vits import Vits
 
 # Measured: ~120 dB (context >= the receptive field makes chunking exact up to float
@@ -86,7 +86,7 @@ def test_the_checks_catch_missing_context(vits: Vits, latent):
 
 def test_first_piece_is_what_the_defaults_promise(vits: Vits, pieces):
     first = pieces[0]
-    assert len(first) == chunked.FIRST_CHUNK_FRAMES * vits.hop_length
+    assert len(first) == chunked.FIRST_PIECE_FRAMES * vits.hop_length
     assert len(first) / vits.sample_rate >= 0.150  # fills a first network frame
     assert len(first) / vits.sample_rate <= 0.200  # ...and is still small
 
@@ -96,7 +96,7 @@ def test_stream_chunks_runs_the_flow_lazily_and_exactly(vits: Vits, latent):
     pieces = list(stream_chunks(vits, z_p))
     audio = np.concatenate(pieces)
     assert len(audio) == z.shape[2] * vits.hop_length
-    assert len(pieces[0]) == chunked.FIRST_CHUNK_FRAMES * vits.hop_length
+    assert len(pieces[0]) == chunked.FIRST_PIECE_FRAMES * vits.hop_length
     assert snr_db(whole, audio) > MIN_SNR_DB
 
 
@@ -116,16 +116,16 @@ def test_short_and_odd_lengths(vits: Vits, latent, frames):
 
 
 @pytest.mark.parametrize("n", [1, 7, 14, 15, 21, 22, 100, 629, 1000])
-def test_chunk_spans_tile_the_latent(n):
-    spans = chunk_spans(n, chunked.FIRST_CHUNK_FRAMES, chunked.CHUNK_FRAMES)
+def test_piece_spans_tile_the_latent(n):
+    spans = piece_spans(n, chunked.FIRST_PIECE_FRAMES, chunked.PIECE_FRAMES)
     assert spans[0][0] == 0 and spans[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     sizes = [e - s for s, e in spans]
     assert all(s >= 1 for s in sizes)
-    assert sizes[0] == min(n, chunked.FIRST_CHUNK_FRAMES) or len(spans) == 1
+    assert sizes[0] == min(n, chunked.FIRST_PIECE_FRAMES) or len(spans) == 1
     # Sizes never shrink (a merged tail may be larger), so decoding stays ahead of playback.
     assert sizes[:-1] == sorted(sizes[:-1])
-    assert max(sizes) < 2 * chunked.CHUNK_FRAMES
+    assert max(sizes) < 2 * chunked.PIECE_FRAMES
 
 
 def test_rejects_bad_input(vits: Vits, latent):
@@ -133,7 +133,7 @@ def test_rejects_bad_input(vits: Vits, latent):
     with pytest.raises(ValueError):
         next(decode_chunks(vits, z[0]))
     with pytest.raises(ValueError):
-        next(decode_chunks(vits, z, chunk_frames=0))
+        next(decode_chunks(vits, z, piece_frames=0))
 
 
 class _Recorder:
@@ -161,13 +161,13 @@ def test_the_first_step_computes_no_more_than_the_first_piece_needs(vits: Vits, 
     z_p, z, _ = latent
     recorder = _Recorder(vits)
     sentence = chunked.SentenceDecoder(recorder, z_p=z_p, pad_to=chunked.SHAPE_BUCKET)  # type: ignore[arg-type]
-    decode_width = chunked.FIRST_CHUNK_FRAMES + chunked.CONTEXT_FRAMES
+    decode_width = chunked.FIRST_PIECE_FRAMES + chunked.CONTEXT_FRAMES
     assert sentence.cost() == decode_width
     (first,) = chunked.SentenceDecoder.step_many([sentence])
     assert recorder.decode_widths == [decode_width]
     assert recorder.flow_widths == [decode_width + chunked.FLOW_CONTEXT_FRAMES]
     # ...and it is still exact: the first piece of the whole decode.
-    whole_first = vits.decode(z)[0, : chunked.FIRST_CHUNK_FRAMES * vits.hop_length].numpy()
+    whole_first = vits.decode(z)[0, : chunked.FIRST_PIECE_FRAMES * vits.hop_length].numpy()
     assert snr_db(whole_first, first) > MIN_SNR_DB
 
 
@@ -180,7 +180,7 @@ def test_a_long_sentence_flows_just_what_its_second_piece_needs(vits: Vits, late
     assert z_p.shape[2] > chunked.FLOW_BLOCK_FRAMES // 2 + 64, "the fixture must be long enough to need a block"
     ctx, flow_ctx = chunked.CONTEXT_FRAMES, chunked.FLOW_CONTEXT_FRAMES
     pieces = list(stream_chunks(recorder, z_p, pad_to=chunked.SHAPE_BUCKET))  # type: ignore[arg-type]
-    first, second = chunked.FIRST_CHUNK_FRAMES, 2 * chunked.FIRST_CHUNK_FRAMES
+    first, second = chunked.FIRST_PIECE_FRAMES, 2 * chunked.FIRST_PIECE_FRAMES
     # The second window, unclipped, keeps its own width (50 frames, not 64)...
     assert recorder.decode_widths[1] == second + 2 * ctx
     # ...and the flow gives just the frames it reaches, from the start (its left context).
@@ -196,10 +196,10 @@ def test_a_first_step_can_flow_ahead_so_that_the_second_only_decodes(vits: Vits,
     z_p, _, whole = latent
     recorder = _Recorder(vits)
     sentence = chunked.SentenceDecoder(
-        recorder, z_p=z_p, first_chunk_frames=2 * chunked.FIRST_CHUNK_FRAMES, first_flow_pieces=2,  # type: ignore[arg-type]
+        recorder, z_p=z_p, first_piece_frames=2 * chunked.FIRST_PIECE_FRAMES, first_flow_pieces=2,  # type: ignore[arg-type]
     )
     pieces = chunked.SentenceDecoder.step_many([sentence])
-    first, second = 2 * chunked.FIRST_CHUNK_FRAMES, 4 * chunked.FIRST_CHUNK_FRAMES
+    first, second = 2 * chunked.FIRST_PIECE_FRAMES, 4 * chunked.FIRST_PIECE_FRAMES
     assert recorder.flow_widths == [first + second + chunked.CONTEXT_FRAMES + chunked.FLOW_CONTEXT_FRAMES]
     pieces += chunked.SentenceDecoder.step_many([sentence])
     assert len(recorder.flow_widths) == 1 and len(recorder.decode_widths) == 2
@@ -238,7 +238,7 @@ class _Shapes:
         return torch.zeros(z.shape[0], z.shape[2] * self.hop_length)
 
 
-@pytest.mark.parametrize("first, flow_pieces", [(chunked.FIRST_CHUNK_FRAMES, 1), (2 * chunked.FIRST_CHUNK_FRAMES, 2)])
+@pytest.mark.parametrize("first, flow_pieces", [(chunked.FIRST_PIECE_FRAMES, 1), (2 * chunked.FIRST_PIECE_FRAMES, 2)])
 def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length(first: int, flow_pieces: int):
     """oneDNN compiles and keeps kernels per input shape, so the widths must not grow
     with the sentences served. Only a window cut off by the sentence's end is rounded up
@@ -249,7 +249,7 @@ def test_window_widths_come_in_a_few_shapes_whatever_the_sentence_length(first: 
         for n in lengths:
             sentence = chunked.SentenceDecoder(
                 model, z_p=torch.zeros(1, 2, n), pad_to=chunked.SHAPE_BUCKET,  # type: ignore[arg-type]
-                first_chunk_frames=first, first_flow_pieces=flow_pieces,
+                first_piece_frames=first, first_flow_pieces=flow_pieces,
             )
             while not sentence.finished:
                 chunked.SentenceDecoder.step_many([sentence])

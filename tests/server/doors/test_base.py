@@ -22,9 +22,10 @@ from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitc
 from tests.server.test_metrics import scrape
 from voxwire.server.config import ServerConfig
 from voxwire.server.doors import DOORS
-from voxwire.server.doors.base import Conversation, Door
+from voxwire.server.doors.base import Conversation, Door, ListenerStalled, Sender
 from voxwire.server.limits import Limits
-from voxwire.server.pipeline import AudioFrame, Event, Refused
+from voxwire.server.framing import AudioFrame, Event
+from voxwire.server.pipeline import Refused
 
 IDLE_SECONDS = 1.0
 
@@ -60,22 +61,28 @@ class LineConversation(Conversation[bytes]):
         self.door = door
         self.writer = writer
         self.opened_at = time.monotonic()
+        self.budget = door.budget()
+        self.sender = door.sender(self.write, on_stall=self.closing.set)
 
     async def handle(self, line: bytes) -> bool:
         if line:
             settings = replace(self.door.defaults(), format="pcm_s16le")
             try:
-                speech = self.door.open(line.decode().strip(), True, settings, {"line": "1"})
+                speech = self.door.open_utterance(line.decode().strip(), True, settings, {"line": "1"}, self.budget)
             except Refused as e:
                 self.writer.write(f"error {e.code}\n".encode())
                 return False
-            await self.door.speak(speech, self.deliver, "line-utterance")
+
+            async def deliver(event: Event) -> None:
+                if isinstance(event, AudioFrame):
+                    await self.sender.send(event.data, audio_of=speech)
+
+            await self.door.speak(speech, deliver, "line-utterance")
         return False
 
-    async def deliver(self, event: Event) -> None:
-        if isinstance(event, AudioFrame):
-            self.writer.write(event.data)
-            await self.writer.drain()
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
 
     def idle_in(self, now: float) -> float:
         return self.opened_at + self.door.limits.idle_timeout_seconds - now
@@ -161,3 +168,41 @@ async def test_the_toy_door_shares_the_idle_timeout(line_server):
     started = time.monotonic()
     assert await talk(line_server, None) == b"error idle_timeout\n"
     assert IDLE_SECONDS <= time.monotonic() - started < IDLE_SECONDS + 10
+
+
+# -- the one stall rule ---------------------------------------------------------------------
+
+
+class Heard:
+    """What the sender reads of a speech: when its audio sent so far will have been heard."""
+
+    def __init__(self, in_seconds: float) -> None:
+        self.heard_by = time.monotonic() + in_seconds
+
+
+async def sleep_for(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+async def test_a_send_may_wait_the_stall_timeout_beyond_when_the_audio_sent_is_heard():
+    stalls: list[str] = []
+    sender = Sender(sleep_for, stall_seconds=0.3, on_stall=lambda: stalls.append("stalled"))
+    await sender.send(0.0, audio_of=Heard(0.6))  # type: ignore[arg-type]
+    await sender.send(0.6)  # its listener still plays what it was sent: not stalled
+    assert not stalls and not sender.stalled
+    with pytest.raises(ListenerStalled):
+        await sender.send(1.0)  # all of it could have played 0.3 s ago
+    assert stalls == ["stalled"] and sender.stalled
+    with pytest.raises(ListenerStalled):  # nothing more is sent, and on_stall ran once
+        await sender.send(0.0)
+    assert stalls == ["stalled"]
+
+
+async def test_a_transport_that_times_out_itself_is_a_client_gone_not_a_stall():
+    async def timed_out(message: object) -> None:
+        raise TimeoutError("ETIMEDOUT")
+
+    sender = Sender(timed_out, stall_seconds=5, on_stall=lambda: None)
+    with pytest.raises(TimeoutError):
+        await sender.send(b"")
+    assert not sender.stalled

@@ -23,7 +23,8 @@ from voxwire.server import config_loader
 from voxwire.server.config import AuthConfig, ServerConfig
 from voxwire.server.limits import Limits
 from voxwire.server.doors.base import Host
-from voxwire.server.doors.wyoming import WyomingDoor, read_event, wyoming_host
+from voxwire.server.doors.wyoming import WyomingDoor, wyoming_host
+from voxwire.server.doors.wyoming.wire import read_event
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import RATE as TONE_RATE
 from tests.fixtures.engines import dominant_pitches, word_pitch
@@ -202,10 +203,10 @@ async def test_an_unknown_voice_is_an_error_then_a_close(server):
 # -- disconnection ------------------------------------------------------------------------
 
 
-async def test_a_client_gone_mid_utterance_has_its_generator_closed_and_others_carry_on(server, caplog):
+async def test_a_client_gone_mid_utterance_has_its_stream_closed_and_others_carry_on(server, caplog):
     caplog.set_level(logging.INFO, logger="voxwire.utterance")
     worker = server.service.worker
-    closed_before = worker.stats.generators_closed
+    closed_before = worker.stats.streams_closed
     leaving = AsyncTcpClient("127.0.0.1", port(server))
     await leaving.connect()
     # One unsplittable sentence of ~20 s: at its first chunk the worker is inside the
@@ -220,7 +221,7 @@ async def test_a_client_gone_mid_utterance_has_its_generator_closed_and_others_c
         heard = await hear(staying)
     assert_speech(heard.audio, heard.start.rate, words=9)  # type: ignore[union-attr]
     await wait_until_idle(server)
-    assert worker.stats.generators_closed >= closed_before + 1
+    assert worker.stats.streams_closed >= closed_before + 1
     await asyncio.sleep(0.1)
     outcomes = sorted(r.outcome for r in utterance_lines(caplog))
     assert outcomes == ["disconnected", "done"]

@@ -211,7 +211,7 @@ async def test_a_client_that_reads_nothing_is_cut_off_after_the_stall_timeout(to
 async def test_a_client_that_resets_mid_stream_is_disconnected_and_frees_its_slot(tone, caplog, shut):
     caplog.set_level(logging.INFO, logger="voxwire.utterance")
     worker = tone.service.worker
-    steps_before, closed_before = worker.engine.steps, worker.stats.generators_closed
+    steps_before, closed_before = worker.engine.steps, worker.stats.streams_closed
     reader, writer = await asyncio.open_connection("127.0.0.1", port(tone))
     writer.write(framed(Synthesize(text=LONG_TONE_TEXT).event()))
     if shut:
@@ -228,7 +228,7 @@ async def test_a_client_that_resets_mid_stream_is_disconnected_and_frees_its_slo
     await wait_for_slots(tone)
     assert await logged(caplog, 1) == [("disconnected", None)]
     assert worker.engine.steps - steps_before < LONG_TONE_WORDS
-    assert worker.stats.generators_closed >= closed_before + 1
+    assert worker.stats.streams_closed >= closed_before + 1
 
 
 # -- the voice's shape ------------------------------------------------------------------------------

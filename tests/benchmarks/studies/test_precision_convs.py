@@ -1,4 +1,4 @@
-"""benchmarks/precision_convs.py on a tiny random HiFi-GAN: its int8 layers and decoders
+"""benchmarks/studies/precision_convs.py on a tiny random HiFi-GAN: its int8 layers and decoders
 follow fp32 (and the ConvTransposes are right, which torch's x86/onednn int8 kernels were not
 here for in != out channels), the shapes it times cover every conv, and its tables render."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from voxwire.benchmarks.precision_convs import (
+from voxwire.benchmarks.studies.precision_convs import (
     QDQ, calibrate, captured, convs, decoder_table, int8_decoders, layer_shapes, layer_table, quantised, snr_db,
 )
 from voxwire.engine.piper.vits import Generator, VitsConfig, to_cl

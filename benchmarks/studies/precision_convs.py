@@ -1,7 +1,7 @@
 """Int8 (VNNI) against bf16 and fp32 for the Piper decoder's convolutions, on this CPU.
 
-    .venv/bin/python -m voxwire.benchmarks.precision_convs
-    .venv/bin/python -m voxwire.benchmarks.precision_convs --threads 2 --repeats 7 --out benchmarks/results/precision
+    .venv/bin/python -m voxwire.benchmarks.studies.precision_convs
+    .venv/bin/python -m voxwire.benchmarks.studies.precision_convs --threads 2 --repeats 7 --out benchmarks/studies/results/precision
 
 Each of HiFi-GAN's own convolutions (conv_pre, the three upsampling ConvTransposes, one
 resblock conv per distinct (channels, kernel, dilation) of each stage, conv_post) runs on
@@ -46,7 +46,7 @@ from torch.ao.quantization import MinMaxObserver
 
 from voxwire.benchmarks.corpus import PRECISION_SENTENCES
 from voxwire.benchmarks.report import save_results
-from voxwire.engine.piper.chunked import CHUNK_FRAMES, CONTEXT_FRAMES
+from voxwire.engine.piper.chunked import CONTEXT_FRAMES, PIECE_FRAMES
 from voxwire.engine.piper.onnx_weights import load_vits
 from voxwire.engine.piper.vits import Conv, ConvTranspose, Generator, Vits, to_cl
 from voxwire.engine.threads import configure_cpu_threads
@@ -58,7 +58,7 @@ CALIBRATION = [
 ]
 SENTENCES = PRECISION_SENTENCES  # where the bf16 decoder measured 38-41 dB in make test
 SCALES = (0.667, 1.0, 0.8)
-WINDOW = CHUNK_FRAMES + 2 * CONTEXT_FRAMES
+WINDOW = PIECE_FRAMES + 2 * CONTEXT_FRAMES
 CALLS = 5  # per variant and repeat, per layer (the decoder: 2)
 Layer = Conv | ConvTranspose
 QParams = tuple[float, int]

@@ -12,7 +12,7 @@ For each server and load: first-chunk p50, p95 and max, and the p95 over the sam
 server's quiet p95. The targets (issue 28): with two busy neighbours on this 2-core
 machine, Voxwire's p95 within 2.5× its quiet p95, and at most wyoming-piper's.
 
-    python -m voxwire.benchmarks.contention --rounds 2 --out benchmarks/results/contention
+    python -m voxwire.benchmarks.studies.contention --rounds 2 --out benchmarks/studies/results/contention
 
 ``--engine-only`` measures the floor under it: the engine alone in this process, no
 server and no client, its first step for the same sentences, on one thread, on two, and
@@ -173,7 +173,7 @@ def summarise(raw: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.contention", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.studies.contention", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2, help="sweeps of the sentence lengths per load")
     p.add_argument("--loads", nargs="+", choices=list(LOADS), default=list(LOADS))
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="words per sentence")

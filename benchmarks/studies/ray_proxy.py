@@ -1,6 +1,6 @@
 """Voxwire behind Ray Serve's proxy against the same server direct (uvicorn), one run.
 
-    python -m voxwire.benchmarks.ray_proxy [--rounds 10] [--readers 4] [--held 64]
+    python -m voxwire.benchmarks.studies.ray_proxy [--rounds 10] [--readers 4] [--held 64]
 
 - TTFA at concurrency 1: one sentence, client-side (speak sent to first audio frame),
   direct and through Ray's proxy in alternating rounds; the ratio of the medians.
@@ -14,7 +14,7 @@
   replicas, and how many each replica holds.
 
 Ray runs locally with 2 CPUs, one replica of one CPU (two for the last measure); results
-go to benchmarks/results/ray/ as JSON.
+go to benchmarks/studies/results/ray/ as JSON.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         medians = {k: statistics.median(v) for k, v in ttfa.items()}
         t = args.stall_seconds
         result: dict[str, Any] = {
-            "command": "python -m voxwire.benchmarks.ray_proxy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+            "command": "python -m voxwire.benchmarks.studies.ray_proxy " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
             "machine": facts(),
             "ray": ray.__version__,
             "ttfa_ms": {k: {"median": round(m, 1), "all": [round(x, 1) for x in ttfa[k]]} for k, m in medians.items()},

@@ -1,4 +1,4 @@
-"""benchmarks/contention.py at a tiny scale: both servers, quiet and beside two spinning
+"""benchmarks/studies/contention.py at a tiny scale: both servers, quiet and beside two spinning
 neighbours, against real servers on loopback. The results must be well formed, every
 text fresh, and no neighbour left running. No timing is checked here."""
 
@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from voxwire.benchmarks.contention import main, sentence
+from voxwire.benchmarks.studies.contention import main, sentence
 from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from tests.fixtures.processes import children
 

@@ -1,6 +1,6 @@
 """First audio under uvicorn's two event loops: uvloop and asyncio's own, same run.
 
-    python -m voxwire.benchmarks.event_loop
+    python -m voxwire.benchmarks.studies.event_loop
 
 Two ``voxwire serve`` processes, one with uvloop hidden from it (uvicorn then falls back
 to asyncio's loop), take fresh sentences in turn. Each answer gives two figures: first
