@@ -35,7 +35,7 @@ from voxwire.benchmarks import loadgen
 from voxwire.benchmarks.corpus import REPLIES, WARMUP
 from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from voxwire.benchmarks.report import save_results
-from voxwire.engine.audio_queue import Finished
+from voxwire.engine.audio_queue import Done
 from voxwire.engine.base import SynthesisParams
 from voxwire.engine.registry import EngineOptions, engine_factory
 from voxwire.server.audio import stream_rate
@@ -88,7 +88,7 @@ def encoding_ms_per_second(audio: list[np.ndarray], fmt: str, repeats: int) -> f
             stream = Framer(RATE, settings)
             for i in range(0, a.size, RATE // 5):
                 stream.receive(a[i : i + RATE // 5])
-            stream.receive(Finished())
+            stream.receive(Done())
         best = min(best, time.process_time() - start)
     return best * 1000 / seconds
 

@@ -26,6 +26,7 @@ import websockets
 
 from voxwire.benchmarks.report import save_results
 from voxwire.benchmarks.process import fds, free_port, gauges, rss_mb, spawn_voxwire, stop, threads
+from voxwire.engine.errors import ErrorCode
 
 CORPUS = [
     "Hello there.",
@@ -122,7 +123,7 @@ async def _client(url: str, deadline: float, rng: random.Random, result: SoakRes
                 if event["type"] == "cancelled":
                     result.cancels += 1
                     break
-                if event["type"] == "error" and event["code"] == "overloaded":
+                if event["type"] == "error" and event["code"] == ErrorCode.OVERLOADED:
                     result.refused += 1
                     await asyncio.sleep(event["retry_after_ms"] / 1000)
                     break

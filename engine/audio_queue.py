@@ -29,7 +29,7 @@ class Flushed:
 
 
 @dataclass(frozen=True)
-class Finished:
+class Done:
     """The utterance is complete: nothing follows."""
 
 
@@ -39,7 +39,7 @@ class Failed:
     message: str
 
 
-Item = np.ndarray | WordTimings | Flushed | Finished | Failed
+Item = np.ndarray | WordTimings | Flushed | Done | Failed
 
 
 class AudioQueue:

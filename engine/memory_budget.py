@@ -10,6 +10,7 @@ worker's thread alone.
 from __future__ import annotations
 
 from voxwire.engine.audio_queue import Failed
+from voxwire.engine.errors import ErrorCode
 
 MIB = 1 << 20
 
@@ -35,7 +36,7 @@ class MemoryBudget:
         if self.limit is None or size <= self.limit:
             return None
         return Failed(
-            "over_memory_budget",
+            ErrorCode.OVER_MEMORY_BUDGET,
             f"this text needs {size / MIB:.0f} MiB of engine memory at once; "
             f"the budget is {self.limit / MIB:.0f} MiB: send it in shorter pieces",
         )

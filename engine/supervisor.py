@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from voxwire.engine.base import Engine
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class Supervisor:
         self.restarts += 1
         if self.on_restart is not None:
             self.on_restart()
-        stuck.abandon("engine_timeout", f"the engine did not answer within {self.step_timeout:g} s")
+        stuck.abandon(ErrorCode.ENGINE_TIMEOUT, f"the engine did not answer within {self.step_timeout:g} s")
         return True
 
     def _watch(self) -> None:

@@ -26,8 +26,9 @@ from typing import TypeVar
 import numpy as np
 
 from voxwire.engine import scheduler
-from voxwire.engine.audio_queue import AudioQueue, Failed, Finished, Flushed
+from voxwire.engine.audio_queue import AudioQueue, Done, Failed, Flushed
 from voxwire.engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.memory_budget import MemoryBudget
 from voxwire.engine.utterance import ENDED, State, Utterance
 from voxwire.engine.worker_lock import WorkerLock
@@ -36,7 +37,7 @@ from voxwire.engine.worker_options import GATHER_CAP, WorkerOptions
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-RESTARTED = Failed("engine_restarted", "the engine was restarted after a fault; please retry")
+RESTARTED = Failed(ErrorCode.ENGINE_RESTARTED, "the engine was restarted after a fault; please retry")
 
 
 @dataclass
@@ -138,8 +139,8 @@ class Worker:
         if self.ready.is_set() and self.load_error is None and self.engine is not None and not self._stopping:
             return self.engine
         if self._stopping:
-            raise EngineError("shutting_down", "the engine is stopping")
-        raise EngineError("not_ready", "the engine is loading; try again shortly")
+            raise EngineError(ErrorCode.SHUTTING_DOWN, "the engine is stopping")
+        raise EngineError(ErrorCode.NOT_READY, "the engine is loading; try again shortly")
 
     def behind_seconds(self) -> float:
         """How long the listener worst served has been out of audio this worker still has
@@ -170,7 +171,7 @@ class Worker:
         started = self._step_started_at
         return 0.0 if started is None else time.monotonic() - started
 
-    def abandon(self, code: str, message: str) -> None:
+    def abandon(self, code: ErrorCode, message: str) -> None:
         """Give up on a stuck thread: fail the utterances in its step with ``code`` and
         every other one with ``engine_restarted``, then let the thread exit if it ever
         returns. Called from another thread; the stuck one cannot be interrupted."""
@@ -190,7 +191,9 @@ class Worker:
         if running_call is not None and not running_call.done():
             running_call.set_exception(EngineError(code, message))
         for _, future in calls:
-            future.set_exception(EngineError("engine_restarted", "the engine was restarted after a fault; retry"))
+            future.set_exception(
+                EngineError(ErrorCode.ENGINE_RESTARTED, "the engine was restarted after a fault; retry"),
+            )
 
     def submit(
         self, params: SynthesisParams, loop: asyncio.AbstractEventLoop, first_clause_words: int | None = None
@@ -206,7 +209,7 @@ class Worker:
         u = Utterance(self._lock, engine.sample_rate, params, queue, limits)
         with self._lock:
             if self._stopping:
-                raise EngineError("shutting_down", "the server is shutting down")
+                raise EngineError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             self._utterances.append(u)
             self._lock.changed()
         return u
@@ -218,7 +221,7 @@ class Worker:
         future: Future[T] = Future()
         with self._lock:
             if self._stopping:
-                raise EngineError("shutting_down", "the engine is stopping")
+                raise EngineError(ErrorCode.SHUTTING_DOWN, "the engine is stopping")
             self._calls.append((fn, future))  # type: ignore[arg-type]
             self._lock.changed()
         return future
@@ -322,7 +325,7 @@ class Worker:
                 segment = u.take()
                 if segment is None:
                     if u.all_spoken():
-                        self._end(u, State.FINISHED, Finished())
+                        self._end(u, State.FINISHED, Done())
                         acted = True
                     break
                 acted = True
@@ -425,7 +428,7 @@ class Worker:
             if too_long:
                 limit = self.options.max_utterance_seconds
                 self._end(u, State.FAILED, Failed(
-                    "utterance_too_long",
+                    ErrorCode.UTTERANCE_TOO_LONG,
                     f"this text would be spoken for longer than {limit:g} s, the most one utterance may last; "
                     f"it was stopped there: send it as several utterances",
                 ))
@@ -447,9 +450,10 @@ class Worker:
             return
         log.error("engine error in utterance", exc_info=error)
         # The message is for the listener; the exception and its trace are in the log.
-        self._end(u, State.FAILED, Failed("engine_error", "the engine failed on this utterance; the others go on"))
+        failed = Failed(ErrorCode.ENGINE_ERROR, "the engine failed on this utterance; the others go on")
+        self._end(u, State.FAILED, failed)
 
-    def _end(self, u: Utterance, state: State, item: Finished | Failed | None) -> None:
+    def _end(self, u: Utterance, state: State, item: Done | Failed | None) -> None:
         closed, freed = u.close_stream()
         self.memory.release(freed)
         if closed:

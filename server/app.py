@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from voxwire.engine.base import EngineError
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.worker import Worker
 from voxwire.server import auth, voices
 from voxwire.server.client_files import ClientFiles
@@ -69,12 +70,14 @@ def _service_routes(service: Service) -> list[BaseRoute]:
     async def voices_route(request: Request) -> Response:
         if not auth.presents_valid_key(service.config.auth, request.headers, request.query_params):
             return JSONResponse(
-                {"error": {"code": "unauthorized", "message": auth.HTTP_KEY_REFUSED}},
+                {"error": {"code": ErrorCode.UNAUTHORIZED, "message": auth.HTTP_KEY_REFUSED}},
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )
         if service.defaults is None:
-            return JSONResponse({"error": {"code": "not_ready", "message": "the engine is loading"}}, status_code=503)
+            return JSONResponse(
+                {"error": {"code": ErrorCode.NOT_READY, "message": "the engine is loading"}}, status_code=503,
+            )
         if request.method == "POST":
             try:
                 engine = service.worker.loaded_engine()
@@ -113,7 +116,7 @@ def _service_routes(service: Service) -> list[BaseRoute]:
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     """404 for an unknown path, WebSocket handshakes included: without it the handshake
     is refused with 403, which reads like an authentication failure."""
-    response = JSONResponse({"error": {"code": "not_found", "message": "no such path"}}, status_code=404)
+    response = JSONResponse({"error": {"code": ErrorCode.NOT_FOUND, "message": "no such path"}}, status_code=404)
     if scope["type"] == "websocket":
         websocket = WebSocket(scope, receive, send)
         if "websocket.http.response" in scope.get("extensions", {}):

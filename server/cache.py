@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from voxwire.engine.base import WordTiming, WordTimings
-from voxwire.engine.audio_queue import Failed, Finished, Flushed, Item
+from voxwire.engine.audio_queue import Done, Failed, Flushed, Item
 from voxwire.engine.text import normalize
 
 REPLAY_SLICE_SECONDS = 0.2
@@ -53,7 +53,7 @@ class Replay:
     It offers what the pipeline reads of the worker's utterance (a queue, flush, cancel,
     its figures), but nothing computes behind it: its queue already holds what the worker
     once produced (in slices, each word timing ahead of the slice it starts in), a
-    ``flush`` is answered in order (before Finished, which its queue gives last), and
+    ``flush`` is answered in order (before Done, which its queue gives last), and
     there is nothing to bound, as the audio is already in memory."""
 
     complete = True
@@ -115,7 +115,7 @@ class _ReplayQueue:
         # Its items are all here already, so nothing would suspend the reader: give the
         # event loop a turn per item, or a long replay encodes without letting anyone in.
         await asyncio.sleep(0)
-        return self._items.popleft() if self._items else Finished()
+        return self._items.popleft() if self._items else Done()
 
     def put(self, item: Item) -> None:
         self._items.append(item)

@@ -18,6 +18,7 @@ from typing import Mapping
 
 import av
 import numpy as np
+import numpy.typing as npt
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,10 @@ class CompressedEncoder:
         self.rate = rate
         self._sink = _Sink()
         self._container = av.open(self._sink, "w", format=codec.container, options=dict(codec.muxer_options))
-        self._stream = self._container.add_stream(codec.encoder, rate=rate, layout="mono", options=dict(codec.options))
+        stream = self._container.add_stream(codec.encoder, rate=rate, layout="mono", options=dict(codec.options))
+        if not isinstance(stream, av.AudioStream):
+            raise TypeError(f"{codec.encoder!r} is not an audio encoder")
+        self._stream = stream
         if codec.bit_rate is not None:
             self._stream.codec_context.bit_rate = codec.bit_rate
         self._format = "s16" if codec.encoder == "flac" else "flt"  # flac takes integers only
@@ -128,8 +132,12 @@ class CompressedEncoder:
 
     def _frame(self, x: np.ndarray) -> av.AudioFrame:
         x = np.clip(x, -1.0, 1.0)
-        data = np.round(x * 32767.0).astype(np.int16) if self._format == "s16" else x.astype(np.float32)
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data)[None, :], format=self._format, layout="mono")
+        data: npt.NDArray[np.int16] | npt.NDArray[np.float32]
+        if self._format == "s16":
+            data = np.ascontiguousarray(np.round(x * 32767.0).astype(np.int16))
+        else:
+            data = np.ascontiguousarray(x.astype(np.float32))
+        frame = av.AudioFrame.from_ndarray(data[None, :], format=self._format, layout="mono")
         frame.sample_rate = self.rate
         frame.pts = self._pts
         self._pts += x.size

@@ -1,9 +1,10 @@
 """What a speech gives its door, and the sans-I/O core that makes it.
 
-``Framer`` takes the worker's queue items (pieces, word timings, flushed, finished or
-failed) and gives the events a door sends in its own shape: audio frames, word timings,
-flushed, then ``Done`` with the utterance's ``Figures`` or ``FailedEvent``. It does no
-I/O and knows no door, so it is tested with synthetic items, without sockets.
+``Framer`` takes the worker's queue items (pieces, word timings, ``Flushed``, then
+``Done`` or ``Failed``) and gives the events a door sends in its own shape: audio frames,
+word timings, ``FlushedEvent``, then ``DoneEvent`` with the utterance's ``Figures`` or
+``FailedEvent`` (each item's event named after it). It does no I/O and knows no door, so
+it is tested with synthetic items, without sockets.
 docs/glossary.md says what each word (piece, chunk, frame, event) names.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from voxwire.engine.audio_queue import Finished, Flushed, Item
+from voxwire.engine.audio_queue import Done, Flushed, Item
 from voxwire.engine.base import WordTiming, WordTimings
 from voxwire.server.audio import ChunkCutter, open_encoder
 from voxwire.server.cache import CachedAudio
@@ -48,7 +49,7 @@ class FlushedEvent:
 
 
 @dataclass(frozen=True)
-class Done:
+class DoneEvent:
     figures: Figures
 
 
@@ -58,7 +59,7 @@ class FailedEvent:
     message: str
 
 
-Event = AudioFrame | Words | FlushedEvent | Done | FailedEvent
+Event = AudioFrame | Words | FlushedEvent | DoneEvent | FailedEvent
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Framer:
             return []
         if isinstance(item, Flushed):
             return [*self._frames(self._out.flush()), FlushedEvent()]
-        if isinstance(item, Finished):
+        if isinstance(item, Done):
             self.finished = True
             events = self._frames(self._out.finish(), last=True)
             return events + self._words_before(None)

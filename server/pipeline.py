@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from voxwire.engine.base import Engine, EngineError, SynthesisParams
-from voxwire.engine.errors import CodedError, quoted
+from voxwire.engine.errors import CodedError, ErrorCode, quoted
 from voxwire.engine.text import normalize
 from voxwire.engine.worker import Worker
 from voxwire.server.accounting import Accounting
@@ -120,7 +120,7 @@ class Pipeline:
             raise Refused(e.code, e.message) from None
         if settings.timestamps and not engine.timestamps:
             raise Refused(
-                "timestamps_unsupported",
+                ErrorCode.TIMESTAMPS_UNSUPPORTED,
                 f"this server's engine ({engine.name}) cannot time words; ready.features says what it can do",
             )
         if not check_voice:
@@ -128,19 +128,19 @@ class Pipeline:
         if not settings.voice:
             default = engine.default_voice()
             if default is None:
-                raise Refused("no_voice", "no voices yet: register one with POST /v1/voices")
+                raise Refused(ErrorCode.NO_VOICE, "no voices yet: register one with POST /v1/voices")
             return replace(settings, voice=default)
         if not engine.has_voice(settings.voice):
-            raise Refused("unknown_voice", f"unknown voice {quoted(settings.voice)}; GET /v1/voices lists them")
+            raise Refused(ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(settings.voice)}; GET /v1/voices lists them")
         return settings
 
     def _open(self, request: UtteranceRequest) -> Speech:
         if self._draining():
-            raise Refused("shutting_down", "the server is shutting down; reconnect shortly")
+            raise Refused(ErrorCode.SHUTTING_DOWN, "the server is shutting down; reconnect shortly")
         settings = self.resolve(request.settings)
         request = replace(request, settings=settings)
         if not self.admission.try_start_utterance():
-            raise Refused("overloaded", "the server is at capacity; try again shortly", RETRY_AFTER_MS)
+            raise Refused(ErrorCode.OVERLOADED, "the server is at capacity; try again shortly", RETRY_AFTER_MS)
         worker = self._worker()
         engine = worker.loaded_engine()
         key = (
@@ -161,7 +161,7 @@ class Pipeline:
             # worker has. One more would make every one of them run dry, not just itself.
             self.admission.end_utterance()
             raise Refused(
-                "overloaded",
+                ErrorCode.OVERLOADED,
                 f"the server cannot keep up with its listeners now (one has waited {behind:.1f} s for audio); "
                 "try again shortly", RETRY_AFTER_MS,
             )

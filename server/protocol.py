@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal, overload
 
 import msgpack
 import orjson
@@ -191,6 +191,10 @@ def _only(obj: dict[str, Any], allowed: set[str] | frozenset[str]) -> None:
         )
 
 
+@overload
+def _ctx(obj: dict[str, Any], required: Literal[True]) -> str: ...
+@overload
+def _ctx(obj: dict[str, Any], required: bool) -> str | None: ...
 def _ctx(obj: dict[str, Any], required: bool) -> str | None:
     ctx = obj.get("ctx")
     if ctx is None:

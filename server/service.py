@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from voxwire.engine.base import EngineError
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.registry import engine_factory
 from voxwire.engine.supervisor import Supervisor
 from voxwire.engine.worker import Worker
@@ -163,7 +164,7 @@ class Service:
             log.warning("shutdown deadline reached with %d utterances in flight", self.pipeline.open_utterances)
         # Every utterance still open fails now, whichever door it came through: a socket
         # is told why, and an HTTP body ends without its last chunk (docs/reliability.md).
-        self.pipeline.abort_all("shutting_down", "the server is shutting down")
+        self.pipeline.abort_all(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
         await asyncio.sleep(0)
         for shutdown in list(self.gate.connections.values()):
             try:

@@ -1,7 +1,7 @@
 """An admitted utterance, as a door sees it: fed with text, its events read, ended once.
 
 A door gets a ``Speech`` from the pipeline (server/pipeline.py) and reads its events
-(server/framing.py) in order, up to ``Done`` or ``FailedEvent``. What the door may read
+(server/framing.py) in order, up to ``DoneEvent`` or ``FailedEvent``. What the door may read
 of it (the samples and frames sent, when a listener will have heard them) is here, so
 that no door reaches into the framer or the worker's utterance. The speech tells the one
 that opened it (a ``SpeechOwner``: the pipeline) when it has ended and when its listener
@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from voxwire.engine.audio_queue import Failed, Finished
+from voxwire.engine.audio_queue import Done, Failed
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.text import expanded_length
 from voxwire.engine.utterance import Utterance
 from voxwire.server.cache import CachedAudio, Replay
-from voxwire.server.framing import AudioFrame, Done, Event, Figures, FlushedEvent, Framer
+from voxwire.server.framing import AudioFrame, DoneEvent, Event, Figures, FlushedEvent, Framer
 from voxwire.server.protocol import StreamSettings
 
 
@@ -71,8 +72,8 @@ class Speech:
         self._framer = Framer(engine_rate, request.settings, capture_bytes)
         self._engine_rate = engine_rate
         self._steps_at_first_frame: int | None = None
-        # Once the queue has given Finished, a flush can no longer go through it: the
-        # events answer it themselves before Done, or, once Done is out, the door does.
+        # Once the queue has given Done, a flush can no longer go through it: the events
+        # answer it themselves before DoneEvent, or, once DoneEvent is out, the door does.
         self._finishing = False
         self._flush_at_end = False
         self._sent_all = False
@@ -133,7 +134,7 @@ class Speech:
 
     def flush(self) -> bool:
         """Ask for a FlushedEvent once the audio of the text so far is out: False when all
-        of it already is (the events have reached Done), and the door answers at once."""
+        of it already is (the events have reached DoneEvent), and the door answers at once."""
         if self._sent_all:
             return False
         if self._finishing:
@@ -143,20 +144,20 @@ class Speech:
         return True
 
     async def events(self) -> AsyncIterator[Event]:
-        """What the client is sent, in order, up to and including Done or FailedEvent."""
+        """What the client is sent, in order, up to and including DoneEvent or FailedEvent."""
         while True:
             item = await self._source.queue.get()
-            self._finishing = isinstance(item, Finished)
+            self._finishing = isinstance(item, Done)
             for event in self._framer.receive(item):
                 if isinstance(event, AudioFrame) and self.first_frame_at is None:
                     self.first_frame_at = time.monotonic()
                     self._steps_at_first_frame = self._source.steps
                 yield event
-            if isinstance(item, Finished):
+            if isinstance(item, Done):
                 if self._flush_at_end:
                     yield FlushedEvent()
                 self._sent_all = True
-                yield Done(self.figures())
+                yield DoneEvent(self.figures())
                 return
             if isinstance(item, Failed):
                 return
@@ -205,7 +206,7 @@ class Speech:
         took nothing; ``no_progress``, it reported no playback): it ends ``listener_stalled``,
         counted by door and reason. Only the first end counts, as for ``end``."""
         if self.outcome is None:
-            self.end("failed", "listener_stalled")
+            self.end("failed", ErrorCode.LISTENER_STALLED)
             self._owner.stalled(self, reason)
 
     def end(self, outcome: str, code: str | None = None) -> None:

@@ -34,7 +34,8 @@ says how long a reference may be; past it, decoding would only cost time and mem
 MAX_DECODED_SAMPLES = MAX_DECODED_SECONDS * 192_000 * 2
 """60 s of 192 kHz stereo (88 MiB as float32): the most decoded, whatever the rate and channels."""
 
-_STATUS = {
+# Keyed by str: an ErrorCode member is one, and ``error`` takes any CodedError's code.
+_STATUS: dict[str, int] = {
     ErrorCode.VOICE_REGISTRATION_UNSUPPORTED: 501,
     ErrorCode.NOT_READY: 503,
     ErrorCode.SHUTTING_DOWN: 503,

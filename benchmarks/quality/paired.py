@@ -31,7 +31,7 @@ from voxwire.benchmarks.quality import rows as R
 from voxwire.benchmarks.quality.asr import Transcriber
 from voxwire.benchmarks.quality.score import heard_sample, score
 from voxwire.benchmarks.quality.targets import COMPRESSED_AGAINST
-from voxwire.engine.audio_queue import Finished
+from voxwire.engine.audio_queue import Done
 from voxwire.server.audio import stream_rate
 from voxwire.server.framing import AudioFrame, Framer
 from voxwire.server.protocol import StreamSettings
@@ -54,7 +54,7 @@ def through(audio: np.ndarray, engine_rate: int, settings: dict[str, Any]) -> He
     stream = Framer(engine_rate, StreamSettings(voice="v", format=fmt, sample_rate=rate, chunk_ms=200))
     step = engine_rate * STEP_MS // 1000
     events = [e for i in range(0, audio.size, step) for e in stream.receive(audio[i : i + step])]
-    events += stream.receive(Finished())
+    events += stream.receive(Done())
     frames = [e for e in events if isinstance(e, AudioFrame)]
     return Heard(to_float32(b"".join(f.data for f in frames), fmt), rate)
 

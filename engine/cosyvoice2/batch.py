@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..base import Step, Stream
+from ..base import Step, Stream, WordTimings
 from .flow import FlowStream, advance_batch, cache_bound
 from .frontend import Prompt
-from .hift import OfficialVocoderStream, VocoderStream, Window, make_vocoder, render
+from .hift import OfficialVocoderStream, SeamWindow, VocoderStream, Window, finish_window, make_vocoder, render
 from .lm import token_bounds
 from .pipeline import MAX_HOP_CHUNKS, MelStretch, Schedule, Stats
 from .qwen2 import SlotPool, kv_bytes_per_token
@@ -224,7 +224,7 @@ class Batcher:
             if s.closed:
                 results[i] = RuntimeError("stepped a closed CosyVoice2 stream")
         logps = self._decode([(i, s) for i, s in enumerate(streams) if results[i] is None and s.segment is not None and s.segment.slot is not None])
-        pieces: list[list[np.ndarray]] = [[] for _ in streams]
+        pieces: list[list[np.ndarray | WordTimings]] = [[] for _ in streams]
         turns: dict[int, Turn] = {}
         for i, s in enumerate(streams):
             if results[i] is not None:
@@ -358,7 +358,7 @@ class Batcher:
         self, streams: Sequence[CosyStream], todo: dict[int, tuple[Tensor, bool]], results: list[Step | Exception | None]
     ) -> dict[int, Tensor]:
         """Vocode one window per stream, batching equal shapes; audio per stream."""
-        windows: dict[int, Window] = {}
+        windows: dict[int, Window | SeamWindow] = {}
         audio: dict[int, Tensor] = {}
         for i, (mel, final) in todo.items():
             seg = streams[i].segment
@@ -393,7 +393,7 @@ class Batcher:
                 seg = streams[i].segment
                 assert seg is not None
                 try:
-                    audio[i] = seg.vocoder.finish(windows[i], a)
+                    audio[i] = finish_window(seg.vocoder, windows[i], a)
                 except Exception as e:
                     results[i] = e
         for i, (_, final) in todo.items():

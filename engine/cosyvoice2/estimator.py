@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -277,14 +278,18 @@ class CausalConditionalDecoder(nn.Module):
                 h = block(h, st, chunk)
             return h.transpose(1, 2)
 
+        # A ModuleList yields plain Modules: each level's parts are named by cast.
         skips = []
-        for resnet, blocks, down in self.down_blocks:
+        for level in self.down_blocks:
+            resnet, blocks, down = cast(tuple[nn.Module, nn.ModuleList, nn.Module], tuple(cast(nn.ModuleList, level)))
             h = attend(blocks, resnet(h, temb, st))
             skips.append(h)
             h = down(h, st)
-        for resnet, blocks in self.mid_blocks:
+        for level in self.mid_blocks:
+            resnet, blocks = cast(tuple[nn.Module, nn.ModuleList], tuple(cast(nn.ModuleList, level)))
             h = attend(blocks, resnet(h, temb, st))
-        for resnet, blocks, up in self.up_blocks:
+        for level in self.up_blocks:
+            resnet, blocks, up = cast(tuple[nn.Module, nn.ModuleList, nn.Module], tuple(cast(nn.ModuleList, level)))
             h = torch.cat([h, skips.pop()], dim=1)
             h = up(attend(blocks, resnet(h, temb, st)), st)
         return self.final_proj(self.final_block(h, st))

@@ -17,7 +17,9 @@ overlapping renderings agree.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -253,6 +255,8 @@ class VocoderStream:
         out, self.tail = audio[:cut], audio[cut:]
         # Carry state for the next window, which renders from keep_from.
         if keep_from - 2 >= w.ph_from:
+            if w.cum is None:
+                raise ValueError("finish takes a rendered window: this one has no phase sum")
             self.phase_before = w.cum[:, keep_from - 2 - w.ph_from] % 1
         self.noise = w.noise[:, w.pad + cut :]
         self.emitted = keep_from
@@ -402,14 +406,38 @@ def _render_official(hift: HiFTGenerator, windows: list[SeamWindow]) -> list[Ten
     return list(audio)
 
 
+def finish_window(vocoder: VocoderStream | OfficialVocoderStream, w: Window | SeamWindow, audio: Tensor) -> Tensor:
+    """``vocoder.finish(w, audio)`` where the caller holds either kind of vocoder and window."""
+    if isinstance(vocoder, OfficialVocoderStream) and isinstance(w, SeamWindow):
+        return vocoder.finish(w, audio)
+    if isinstance(vocoder, VocoderStream) and isinstance(w, Window):
+        return vocoder.finish(w, audio)
+    raise TypeError(f"{type(vocoder).__name__} cannot finish a {type(w).__name__}")
+
+
+_W = TypeVar("_W", Window, SeamWindow)
+
+
+def _all_of(windows: Sequence[Window | SeamWindow], kind: type[_W]) -> list[_W]:
+    """The windows as the one kind they are: one batch never mixes the two vocoders'."""
+    out = [w for w in windows if isinstance(w, kind)]
+    if len(out) != len(windows):
+        raise TypeError(f"a batch of {kind.__name__}s holds windows of another kind")
+    return out
+
+
 @torch.inference_mode()
-def render(hift: HiFTGenerator, windows: list[Window] | list[SeamWindow]) -> list[Tensor]:
+def render(hift: HiFTGenerator, windows: Sequence[Window | SeamWindow]) -> list[Tensor]:
     """Vocode windows of equal shapes (``shape_key``) as one batch; sets each
     window's ``cum`` (or ``source``). Returns each window's audio (samples,). The vocoder is not causal,
     so windows of unequal lengths are not padded into one batch: that would change
     their edges. The caller groups them."""
     if isinstance(windows[0], SeamWindow):
-        return _render_official(hift, windows)
+        return _render_official(hift, _all_of(windows, SeamWindow))
+    return _render_project(hift, _all_of(windows, Window))
+
+
+def _render_project(hift: HiFTGenerator, windows: list[Window]) -> list[Tensor]:
     f0 = hift.f0_predictor(torch.cat([w.f0_mel for w in windows]))
     phase_before = None
     if any(w.phase_before is not None for w in windows):

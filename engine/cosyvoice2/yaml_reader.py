@@ -15,7 +15,7 @@ import ast
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -53,21 +53,22 @@ class _Loader(yaml.SafeLoader):
 def _construct_tagged(kind: str):
     def construct(loader: _Loader, suffix: str, node: yaml.Node) -> Tagged:
         if isinstance(node, yaml.MappingNode):
-            return Tagged(kind, suffix, kwargs=loader.construct_mapping(node, deep=True))
+            # Keyword arguments: hyperpyyaml writes their names as plain keys.
+            return Tagged(kind, suffix, kwargs=cast(dict[str, Any], loader.construct_mapping(node, deep=True)))
         if isinstance(node, yaml.SequenceNode):
             return Tagged(kind, suffix, args=loader.construct_sequence(node, deep=True))
-        value = loader.construct_scalar(node)
+        value = loader.construct_scalar(cast(yaml.ScalarNode, node))  # it raises for a node of another kind
         return Tagged(kind, suffix, args=[value] if value not in ("", None) else [])
 
     return construct
 
 
 def _construct_ref(loader: _Loader, node: yaml.Node) -> _Ref:
-    return _Ref(str(loader.construct_scalar(node)))
+    return _Ref(str(loader.construct_scalar(cast(yaml.ScalarNode, node))))  # it raises for another kind
 
 
 def _construct_tuple(loader: _Loader, node: yaml.Node) -> tuple:
-    return tuple(loader.construct_sequence(node, deep=True))
+    return tuple(loader.construct_sequence(cast(yaml.SequenceNode, node), deep=True))  # it raises for another kind
 
 
 for _kind in ("new", "name", "apply"):

@@ -135,7 +135,7 @@ class _LoadedVoice:
             from voxwire.engine.piper.onnx_weights import load_vits
 
             # PiperVoice is only the phonemizer here; no onnxruntime session is made.
-            self.piper = PiperVoice(session=None, config=self.config)  # type: ignore[arg-type]
+            self.piper = PiperVoice(session=None, config=self.config)
             self.vits = load_vits(files.model, device=device)
             if precision != "fp32":
                 self.vits.reduce_precision(dtype(precision), BF16_PARTS)
@@ -288,11 +288,13 @@ class PiperEngine(Engine):
             return super().step(streams)
         results: list[Step | Exception] = [Step([], done=True)] * len(streams)
         by_voice: dict[str, list[int]] = {}
+        piper_streams: list[PiperStream] = []
         for i, stream in enumerate(streams):
             assert isinstance(stream, PiperStream)
+            piper_streams.append(stream)
             if not stream.finished:
                 by_voice.setdefault(stream.voice.files.id, []).append(i)
-        computed = [(members, self._compute([streams[i] for i in members])) for members in by_voice.values()]  # type: ignore[arg-type]
+        computed = [(members, self._compute([piper_streams[i] for i in members])) for members in by_voice.values()]
         for members, turns in computed:  # commit
             for i, turn in zip(members, turns):
                 results[i] = turn.commit()
@@ -362,7 +364,8 @@ class _Turn:
             phonemes = s.sentences[s.next_sentence]
             s.next_sentence += 1
             if s.aligner is not None:
-                out.append(WordTimings(tuple(s.aligner.sentence(phonemes, self.durations, s.offset))))
+                frames = self.durations.tolist()  # frames per phoneme id, as the aligner takes them
+                out.append(WordTimings(tuple(s.aligner.sentence(phonemes, frames, s.offset))))
         assert s.decoder is not None
         if s.decoder.finished:
             s.decoder = None

@@ -17,12 +17,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from .vits import Vits, VitsConfig
+
+if TYPE_CHECKING:
+    import onnx  # imported at runtime only where a file is read, to keep importing this cheap
 
 
 class VitsLoadError(ValueError):
@@ -83,12 +87,12 @@ _WEIGHT_SLOTS = {
 }
 
 
-def read_onnx_tensors(model: "onnx.ModelProto") -> dict[str, OnnxTensor]:  # noqa: F821
+def read_onnx_tensors(model: onnx.ModelProto) -> dict[str, OnnxTensor]:
     """Initializers under their torch parameter names, in file order. Graph constants
     (shapes, indices, scalars) are skipped."""
     from onnx import helper, numpy_helper
 
-    consumers: dict[str, list[tuple[object, int]]] = {}
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in model.graph.node:
         for slot, name in enumerate(node.input):
             consumers.setdefault(name, []).append((node, slot))
@@ -140,6 +144,19 @@ def _indices(tensors: dict[str, OnnxTensor], pattern: str) -> list[int]:
     return sorted({int(m[1]) for name in tensors if (m := rx.fullmatch(name))})
 
 
+def _first_int(tensor: OnnxTensor, attr: str) -> int | None:
+    """The first value of an ints attribute (``dilations``, ``strides``) of the tensor's
+    Conv node; None where the node has none."""
+    value = tensor.attrs.get(attr)
+    if not value:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise VitsLoadError(
+            f"initializer {tensor.source!r}: its Conv node's {attr} is {value!r}, not a list"
+        )
+    return int(value[0])
+
+
 def config_from_tensors(tensors: dict[str, OnnxTensor], sample_rate: int) -> VitsConfig:
     """Hyperparameters from shapes (and, where shapes can't tell, node attributes)."""
 
@@ -152,10 +169,14 @@ def config_from_tensors(tensors: dict[str, OnnxTensor], sample_rate: int) -> Vit
         return get(name).value.shape
 
     def dilation(name: str) -> int:
-        d = get(name).attrs.get("dilations")
-        if not d:
+        d = _first_int(get(name), "dilations")
+        if d is None:
             raise VitsLoadError(f"tensor {name!r}: its Conv node has no dilations attribute")
-        return int(d[0])
+        return d
+
+    def stride(name: str, kernel: int) -> int:
+        s = _first_int(get(name), "strides")
+        return kernel // 2 if s is None else s
 
     n_vocab, hidden = shape("enc_p.emb.weight")
     _, rel_positions, k_channels = shape("enc_p.encoder.attn_layers.0.emb_rel_k")
@@ -166,10 +187,7 @@ def config_from_tensors(tensors: dict[str, OnnxTensor], sample_rate: int) -> Vit
 
     n_ups = len(_indices(tensors, r"dec\.ups\.(\d+)\.weight"))
     ups_kernels = tuple(shape(f"dec.ups.{i}.weight")[2] for i in range(n_ups))
-    ups_rates = tuple(
-        int((get(f"dec.ups.{i}.weight").attrs.get("strides") or [k // 2])[0])
-        for i, k in enumerate(ups_kernels)
-    )
+    ups_rates = tuple(stride(f"dec.ups.{i}.weight", k) for i, k in enumerate(ups_kernels))
     n_blocks = len(_indices(tensors, r"dec\.resblocks\.(\d+)\..*"))
     if n_ups == 0 or n_blocks % n_ups:
         raise VitsLoadError(f"{n_blocks} decoder resblocks do not divide into {n_ups} upsamples")

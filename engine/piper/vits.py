@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -87,12 +87,20 @@ def channels_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).unsqueeze(2)
 
 
-def _kernel_channels_last(weight: nn.Parameter) -> None:
+def _kernel_channels_last(weight: torch.Tensor) -> None:
     """Store a [O, I, K] kernel so that its [O, I, 1, K] view is channels-last, as the
     activations are: stored plainly, oneDNN copied every kernel wider than 1 into that
     order on every call (12% of a whole utterance's CPU time). ``load_state_dict`` and
     ``.to()`` keep these strides."""
     weight.data = weight.data.unsqueeze(2).contiguous(memory_format=torch.channels_last).squeeze(2)
+
+
+def _numeric_padding(padding: str | tuple[int, ...]) -> int:
+    """The padding of a 1-d layer as the number its [B, C, 1, T] forward passes on: a
+    named padding ("same", "valid") has no such number."""
+    if isinstance(padding, str):
+        raise ValueError(f"padding {padding!r}: only numeric padding is supported")
+    return padding[0]
 
 
 class Conv(nn.Conv1d):
@@ -101,11 +109,12 @@ class Conv(nn.Conv1d):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _kernel_channels_last(self.weight)
+        self._padding = _numeric_padding(self.padding)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.conv2d(
             x, self.weight.unsqueeze(2), self.bias, (1, self.stride[0]),
-            (0, self.padding[0]), (1, self.dilation[0]), self.groups,
+            (0, self._padding), (1, self.dilation[0]), self.groups,
         )
 
 
@@ -115,11 +124,14 @@ class ConvTranspose(nn.ConvTranspose1d):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _kernel_channels_last(self.weight)
+        self._padding = _numeric_padding(self.padding)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    # No output_size: the layout fixes the output length, so the override narrows the
+    # signature on purpose.
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return F.conv_transpose2d(
             x, self.weight.unsqueeze(2), self.bias, (1, self.stride[0]),
-            (0, self.padding[0]), (0, self.output_padding[0]), self.groups,
+            (0, self._padding), (0, self.output_padding[0]), self.groups,
             (1, self.dilation[0]),
         )
 
@@ -422,8 +434,8 @@ class StochasticDurationPredictor(nn.Module):
         g = self.proj(self.convs(self.pre(x), mask)) * mask
         z = noise
         for i in reversed(range(1, self.n_flows)):
-            z = self.flows[str(2 * i + 1)].reverse(z.flip(1), mask, g)
-        z = self.flows["0"].reverse(z.flip(1), mask)
+            z = cast(ConvFlow, self.flows[str(2 * i + 1)]).reverse(z.flip(1), mask, g)
+        z = cast(ElementwiseAffine, self.flows["0"]).reverse(z.flip(1), mask)
         return z[:, :1]
 
 
@@ -468,13 +480,14 @@ class ResidualCouplingLayer(nn.Module):
     def __init__(self, channels: int, hidden: int, kernel_size: int,
                  dilation_rate: int, n_layers: int) -> None:
         super().__init__()
-        self.half = channels // 2
-        self.pre = Conv(self.half, hidden, 1)
+        # Not ``half``: that would hide nn.Module.half().
+        self.half_channels = channels // 2
+        self.pre = Conv(self.half_channels, hidden, 1)
         self.enc = WN(hidden, kernel_size, dilation_rate, n_layers)
-        self.post = Conv(hidden, self.half, 1)
+        self.post = Conv(hidden, self.half_channels, 1)
 
     def reverse(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x0, x1 = x.split(self.half, dim=1)
+        x0, x1 = x.split(self.half_channels, dim=1)
         h = self.enc(self.pre(x0) * mask, mask)
         m = self.post(h) * mask
         return torch.cat([x0, (x1 - m) * mask], dim=1)
@@ -498,7 +511,7 @@ class ResidualCouplingBlock(nn.Module):
 
     def reverse(self, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         for i in reversed(range(self.n_flows)):
-            z = self.flows[str(2 * i)].reverse(z.flip(1), mask)
+            z = cast(ResidualCouplingLayer, self.flows[str(2 * i)]).reverse(z.flip(1), mask)
         return z
 
 

@@ -222,7 +222,10 @@ class Segmenter:
 
 def _run_start(text: str, start: int, stop: int) -> int:
     """Where the run of terminators and closers that ends at ``stop`` starts."""
-    return _TRAILING_RUN.match(text, start, stop).start()
+    run = _TRAILING_RUN.match(text, start, stop)
+    if run is None:
+        raise AssertionError("a starred pattern matches, if only the empty run")
+    return run.start()
 
 
 def _is_abbreviation(text: str, start: int, dot: int) -> bool:
@@ -266,7 +269,10 @@ def _forced_split(text: str, start: int, limit: int) -> int | None:
         if _MARK.match(text, boundary) is None:
             return boundary
     # ``boundary`` is now where the cluster holding the base starts.
-    cluster_end = boundary + len(_CLUSTER.match(text[boundary : boundary + limit + 2]).group())
+    held = _CLUSTER.match(text[boundary : boundary + limit + 2])
+    if held is None:
+        raise AssertionError("the cluster holding the base starts at a character of the text")
+    cluster_end = boundary + len(held.group())
     if cluster_end - boundary > limit:
         inside = _NOT_MARK_REVERSE.search(text, base + 1, last + 1) or _NOT_MARK.search(text, last + 1)
         return inside.start() if inside else None

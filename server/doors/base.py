@@ -34,11 +34,12 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from starlette.routing import BaseRoute
 
+from voxwire.engine.errors import ErrorCode
 from voxwire.engine.text import expanded_length
 from voxwire.server.accounting import Accounting
 from voxwire.server.config import ServerConfig
 from voxwire.server.limits import MIN_CONNECTIONS_PER_CLIENT, Admission, Limits, TokenBucket
-from voxwire.server.framing import Done, Event, FailedEvent
+from voxwire.server.framing import DoneEvent, Event, FailedEvent
 from voxwire.server.pipeline import Pipeline, Refused
 from voxwire.server.protocol import StreamSettings
 from voxwire.server.speech import Speech, UtteranceRequest
@@ -93,15 +94,16 @@ class Gate:
         connection slot (given back by ``Door.connection``) and, from a ``client`` address,
         one of that client's (given back by ``leave``)."""
         if self.draining:
-            return Refused("shutting_down", "the server is shutting down")
+            return Refused(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
         if not self._ready():
-            return Refused("not_ready", "the server is not ready; try again shortly")
+            return Refused(ErrorCode.NOT_READY, "the server is not ready; try again shortly")
         if client is not None and self.clients[client] >= self.per_client:
             return Refused(
-                "client_at_capacity", f"this address has {self.per_client} connections open, the most one client may",
+                ErrorCode.CLIENT_AT_CAPACITY,
+                f"this address has {self.per_client} connections open, the most one client may",
             )
         if not self.admission.try_connect():
-            return Refused("at_capacity", "the server is at capacity; try again in a second")
+            return Refused(ErrorCode.AT_CAPACITY, "the server is at capacity; try again in a second")
         if client is not None:
             self.clients[client] += 1
         return None
@@ -152,10 +154,12 @@ class TextBudget:
         Characters count as normalisation expands them (``expanded_length``)."""
         chars = expanded_length(text)
         if utterance_chars + chars > self.limits.max_text_chars:
-            return Refused("text_too_long", f"text is limited to {self.limits.max_text_chars} characters per utterance")
+            return Refused(
+                ErrorCode.TEXT_TOO_LONG, f"text is limited to {self.limits.max_text_chars} characters per utterance",
+            )
         if self.chars + chars > self.limits.max_session_chars:
             return Refused(
-                "session_text_limit",
+                ErrorCode.SESSION_TEXT_LIMIT,
                 f"a connection may send at most {self.limits.max_session_chars} characters; open a new one",
             )
         return None
@@ -429,11 +433,11 @@ class Door:
 
 async def utterance_events(speech: Speech) -> AsyncIterator[Event]:
     """The speech's events for a door to send, with the speech ended by them: ``done``
-    before Done is yielded (so the slot is free and the figures are counted by the time
-    the client hears of it), ``failed`` with its code before FailedEvent. A door that
+    before DoneEvent is yielded (so the slot is free and the figures are counted by the
+    time the client hears of it), ``failed`` with its code before FailedEvent. A door that
     stops reading before either ends the speech itself (``Door.speak`` does)."""
     async for event in speech.events():
-        if isinstance(event, Done):
+        if isinstance(event, DoneEvent):
             speech.end("done")
         elif isinstance(event, FailedEvent):
             speech.end("failed", event.code)

@@ -30,7 +30,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from voxwire.engine.base import Engine, EngineError
-from voxwire.engine.errors import CodedError
+from voxwire.engine.errors import CodedError, ErrorCode
 from voxwire.engine.text import expanded_length
 from voxwire.server import auth
 from voxwire.server.audio import content_type
@@ -114,7 +114,7 @@ def optional(body: dict[str, Any], name: str, default: Any) -> Any:
 def required_text(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str) or not value.strip():
-        raise Invalid(f"'{name}' is required and must be a non-empty string", "missing_field", name)
+        raise Invalid(f"'{name}' is required and must be a non-empty string", ErrorCode.MISSING_FIELD, name)
     return value
 
 
@@ -123,15 +123,17 @@ def voice_id(value: object) -> str:
     if isinstance(value, dict):
         voice = value.get("id")
         if not isinstance(voice, str) or not voice.strip():
-            raise Invalid("a voice object needs an 'id' that is a non-empty string", "invalid_voice", "voice")
+            raise Invalid("a voice object needs an 'id' that is a non-empty string", ErrorCode.INVALID_VOICE, "voice")
         return voice
     if not isinstance(value, str) or not value.strip():
-        raise Invalid("'voice' is required: a voice name, or an object with an 'id'", "missing_field", "voice")
+        raise Invalid("'voice' is required: a voice name, or an object with an 'id'", ErrorCode.MISSING_FIELD, "voice")
     return value
 
 
 def speed_of(value: object) -> float:
-    out_of_range = Invalid(f"'speed' must be a number from {OPENAI_MIN_SPEED} to {OPENAI_MAX_SPEED}", "invalid_speed", "speed")
+    out_of_range = Invalid(
+        f"'speed' must be a number from {OPENAI_MIN_SPEED} to {OPENAI_MAX_SPEED}", ErrorCode.INVALID_SPEED, "speed",
+    )
     # true is an int to Python, not a number to a client.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise out_of_range
@@ -143,7 +145,7 @@ def speed_of(value: object) -> float:
     if not MIN_SPEED <= speed <= MAX_SPEED:
         raise Invalid(
             f"this server speaks at speeds from {MIN_SPEED} to {MAX_SPEED}; {speed:g} is outside that range",
-            "unsupported_speed", "speed",
+            ErrorCode.UNSUPPORTED_SPEED, "speed",
         )
     return speed
 
@@ -152,7 +154,7 @@ def response_format(value: object) -> str:
     if not isinstance(value, str) or value not in FORMATS:
         raise Invalid(
             f"response_format must be one of {', '.join(FORMATS)}",
-            "invalid_format", "response_format",
+            ErrorCode.INVALID_FORMAT, "response_format",
         )
     return value
 
@@ -162,14 +164,14 @@ def check_stream_format(value: object) -> None:
     if value != "audio":
         raise Invalid(
             "stream_format must be 'audio': this server streams the audio itself and does not offer 'sse'",
-            "invalid_stream_format", "stream_format",
+            ErrorCode.INVALID_STREAM_FORMAT, "stream_format",
         )
 
 
 def parse_request(body: object) -> OpenAIRequest:
     """The fields of a request body, checked; ``Invalid`` names the first one that is wrong."""
     if not isinstance(body, dict):
-        raise Invalid("the body must be a JSON object", "invalid_json", None)
+        raise Invalid("the body must be a JSON object", ErrorCode.INVALID_JSON, None)
     # Any model name is taken: the loaded engine speaks whichever is named, and OpenAI's
     # list changes (dated snapshots, deprecations) faster than clients are updated.
     required_text(body, "model")
@@ -179,14 +181,14 @@ def parse_request(body: object) -> OpenAIRequest:
     if expanded_length(text) > MAX_INPUT_CHARS:
         raise Invalid(
             f"'input' is limited to {MAX_INPUT_CHARS} characters (a character that normalisation expands, "
-            "such as a ligature, counts as what it becomes)", "text_too_long", "input",
+            "such as a ligature, counts as what it becomes)", ErrorCode.TEXT_TOO_LONG, "input",
         )
     fmt = response_format(optional(body, "response_format", DEFAULT_FORMAT))
     check_stream_format(optional(body, "stream_format", "audio"))
     # Taken and ignored, as OpenAI itself does for tts-1: the engines here have no
     # instruction-following model. A wrong type is still a client's mistake to hear about.
     if not isinstance(optional(body, "instructions", ""), str):
-        raise Invalid("'instructions' must be a string", "invalid_instructions", "instructions")
+        raise Invalid("'instructions' must be a string", ErrorCode.INVALID_INSTRUCTIONS, "instructions")
     return OpenAIRequest(text=text, voice=voice, fmt=fmt, speed=speed_of(optional(body, "speed", 1.0)))
 
 
@@ -211,7 +213,7 @@ async def read_body(body: Body) -> bytes | None:
 def too_large() -> JSONResponse:
     return openai_error(
         413, f"the request body is limited to {MAX_BODY_BYTES // 1024} KiB ('input' to {MAX_INPUT_CHARS} characters)",
-        "request_too_large",
+        ErrorCode.REQUEST_TOO_LARGE,
     )
 
 
@@ -219,7 +221,7 @@ def unsupported_media_type(sent: str) -> JSONResponse:
     what = f"Content-Type '{sent}'" if sent else "no Content-Type"
     return openai_error(
         415, f"the body must be a JSON object sent with Content-Type: {JSON} (this request has {what})",
-        "unsupported_media_type",
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
     )
 
 
@@ -233,7 +235,7 @@ def wav_header(rate: int) -> bytes:
 
 
 # A refusal's HTTP status; everything the engine cannot do just now is a 503.
-_REFUSED_STATUS = {"overloaded": 429, "unknown_voice": 400, "no_voice": 400}
+_REFUSED_STATUS: dict[str, int] = {ErrorCode.OVERLOADED: 429, ErrorCode.UNKNOWN_VOICE: 400, ErrorCode.NO_VOICE: 400}
 
 
 class OpenAIDoor(Door):
@@ -245,14 +247,14 @@ class OpenAIDoor(Door):
     async def endpoint(self, request: Request) -> Response:
         """A request with the key, as a connection through the gate (``_Admitted``)."""
         if not auth.presents_valid_key(self.config.auth, request.headers, request.query_params):
-            return openai_error(401, auth.HTTP_KEY_REFUSED, "unauthorized")
+            return openai_error(401, auth.HTTP_KEY_REFUSED, ErrorCode.UNAUTHORIZED)
         return _Admitted(self, request)
 
     async def speech(self, request: Request) -> Response:
         """An admitted request's answer."""
         defaults = self.host.defaults()
         if defaults is None:
-            return openai_error(503, "the engine is loading", "not_ready")
+            return openai_error(503, "the engine is loading", ErrorCode.NOT_READY)
         ids = {"request": secrets.token_hex(6)}
         asked = await self._request(request, ids)
         if isinstance(asked, Response):
@@ -266,7 +268,7 @@ class OpenAIDoor(Door):
             speech = self.open_utterance(asked.text, True, settings, ids)
         except Refused as e:
             status = _REFUSED_STATUS.get(e.code, 503)
-            param = "voice" if e.code in ("unknown_voice", "no_voice") else None
+            param = "voice" if e.code in (ErrorCode.UNKNOWN_VOICE, ErrorCode.NO_VOICE) else None
             return openai_error(status, e.message, e.code, param, e.retry_after_ms or None)
         return SpeechResponse(self, speech, asked.fmt == "wav", media_type, ids)
 
@@ -278,12 +280,12 @@ class OpenAIDoor(Door):
         # what to send rather than guess. Dropping a body this route would take keeps the
         # connection; anything larger is not read, and the connection closes.
         if (sent := declared_media_type(request)) != JSON:
-            self.refused("unsupported_media_type", ids)
+            self.refused(ErrorCode.UNSUPPORTED_MEDIA_TYPE, ids)
             return await body.settle(unsupported_media_type(sent), MAX_BODY_BYTES)
         try:
             raw = await read_body(body)
         except TooLarge:
-            self.refused("request_too_large", ids)
+            self.refused(ErrorCode.REQUEST_TOO_LARGE, ids)
             return await body.settle(too_large(), 0)
         if raw is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -291,8 +293,8 @@ class OpenAIDoor(Door):
             asked = parse_request(orjson.loads(raw))
             return replace(asked, voice=engine_voice(self.pipeline.engine(), asked.voice, self.defaults().voice))
         except orjson.JSONDecodeError:
-            self.refused("invalid_json", ids)
-            return openai_error(400, "the body must be a JSON object", "invalid_json")
+            self.refused(ErrorCode.INVALID_JSON, ids)
+            return openai_error(400, "the body must be a JSON object", ErrorCode.INVALID_JSON)
         except Invalid as e:
             self.refused(e.code, ids)
             return openai_error(400, e.message, e.code, e.param)
@@ -302,7 +304,7 @@ class OpenAIDoor(Door):
 
 
 # A refusal at the gate: the server's load, or this client's, is retried after a second.
-_GATE_STATUS = {"at_capacity": 429, "client_at_capacity": 429}
+_GATE_STATUS: dict[str, int] = {ErrorCode.AT_CAPACITY: 429, ErrorCode.CLIENT_AT_CAPACITY: 429}
 
 
 class _Admitted(Response):

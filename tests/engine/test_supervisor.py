@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 
 from voxwire.engine.base import SynthesisParams
-from voxwire.engine.audio_queue import Failed, Finished
+from voxwire.engine.audio_queue import Done, Failed
 from voxwire.engine.supervisor import Supervisor
 from voxwire.engine.worker import Worker
 from voxwire.engine.worker_options import WorkerOptions
@@ -38,13 +38,13 @@ async def test_hung_step_is_abandoned_and_a_new_worker_serves():
         assert isinstance(end, Failed) and end.code == "engine_timeout"
         _, end2 = await drain(waiting)
         # It may have finished before the stall, or been told to retry: never left hanging.
-        assert isinstance(end2, Finished) or (isinstance(end2, Failed) and end2.code == "engine_restarted")
+        assert isinstance(end2, Done) or (isinstance(end2, Failed) and end2.code == "engine_restarted")
         assert sup.restarts == 1 and sup.worker is not first
         sup.wait_ready(10)
         fresh = sup.worker.submit(TONE, loop)
         fresh.feed("after the restart.", final=True)
         audio, end3 = await drain(fresh)
-        assert isinstance(end3, Finished) and np.abs(audio).max() > 0.4
+        assert isinstance(end3, Done) and np.abs(audio).max() > 0.4
         # The stuck thread exits once its step returns, closing what it held.
         engines[0].release.set()
         first._thread.join(5)

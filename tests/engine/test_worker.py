@@ -9,7 +9,7 @@ import pytest
 
 from voxwire.engine import utterance as utterance_module
 from voxwire.engine.base import SynthesisParams
-from voxwire.engine.audio_queue import Failed, Finished
+from voxwire.engine.audio_queue import Done, Failed
 from voxwire.engine.text.segment import Segmenter
 from voxwire.engine.worker import Worker
 from voxwire.engine.worker_options import WorkerOptions
@@ -37,7 +37,7 @@ async def test_utterance_audio_matches_its_words(worker):
     u = worker.submit(TONE, asyncio.get_running_loop())
     u.feed("alpha beta. gamma delta.", final=True)
     audio, end = await drain(u)
-    assert isinstance(end, Finished)
+    assert isinstance(end, Done)
     assert audio.size == 4 * int(RATE * WORD_SECONDS)
     assert dominant_pitches(audio) == pytest.approx([word_pitch(w) for w in ["alpha", "beta", "gamma", "delta"]], abs=15)
     assert u.segments == 2 and u.stream_closed
@@ -51,7 +51,7 @@ async def test_streamed_text_waits_for_more_and_finishes_on_final(worker, engine
     assert u.outcome is None  # still waiting: "four." may not be the end of a sentence
     u.feed("", final=True)
     audio, end = await drain(u)
-    assert isinstance(end, Finished)
+    assert isinstance(end, Done)
     assert engine.segments == ["one two.", " three four."]
 
 
@@ -82,7 +82,7 @@ async def test_engine_error_fails_only_its_utterance(worker):
     audio, good_end = await drain(good)
     assert isinstance(bad_end, Failed) and bad_end.code == "engine_error"
     assert "RuntimeError" not in bad_end.message  # a message for people; the trace is in the log
-    assert isinstance(good_end, Finished) and audio.size == 3 * int(RATE * WORD_SECONDS)
+    assert isinstance(good_end, Done) and audio.size == 3 * int(RATE * WORD_SECONDS)
     assert worker.stats.failures == 1
 
 
@@ -94,7 +94,7 @@ async def test_full_queue_is_skipped_and_others_go_on(worker):
     fast = worker.submit(TONE, loop)
     fast.feed("quick brown fox.", final=True)
     _, end = await drain(fast)
-    assert isinstance(end, Finished)
+    assert isinstance(end, Done)
     # Backpressure: the unread utterance stopped at its bound (0.5 s) plus one step.
     assert slow.queue.samples <= int(0.5 * RATE) + int(RATE * WORD_SECONDS)
     steps = slow.steps
@@ -102,7 +102,7 @@ async def test_full_queue_is_skipped_and_others_go_on(worker):
     assert slow.steps == steps
     # Reading resumes it, to the end.
     audio, end = await drain(slow)
-    assert isinstance(end, Finished) and slow.produced_samples == 100 * int(RATE * WORD_SECONDS)
+    assert isinstance(end, Done) and slow.produced_samples == 100 * int(RATE * WORD_SECONDS)
 
 
 async def test_new_utterance_gets_first_audio_before_a_long_one_continues(engine, worker):
@@ -187,6 +187,6 @@ async def test_an_utterance_past_the_ceiling_ends_with_utterance_too_long(engine
         assert audio.size == RATE  # exactly the ceiling's audio was delivered
         assert long.stream_closed
         audio, end = await drain(short)
-        assert isinstance(end, Finished) and audio.size == 9 * int(RATE * WORD_SECONDS)
+        assert isinstance(end, Done) and audio.size == 9 * int(RATE * WORD_SECONDS)
     finally:
         w.stop()

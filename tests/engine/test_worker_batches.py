@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from voxwire.engine.audio_queue import Failed, Finished
+from voxwire.engine.audio_queue import Done, Failed
 from voxwire.engine.base import SynthesisParams
 from voxwire.engine.worker import Worker
 from voxwire.engine.worker_options import WorkerOptions
@@ -75,7 +75,7 @@ async def test_utterances_that_arrive_together_advance_in_one_step(stopping):
     texts = ["alpha beta gamma.", "delta epsilon.", "zeta eta theta iota.", "kappa."]
     results = await run_together(worker, engine, texts)
     for text, (audio, end) in zip(texts, results):
-        assert isinstance(end, Finished)
+        assert isinstance(end, Done)
         assert audio.size == len(text.split()) * WORD
         assert dominant_pitches(audio) == pytest.approx(pitches_of(text), abs=15)
     # Four words for the longest, so four steps (after the blocker's) advanced all of
@@ -165,7 +165,7 @@ async def test_a_cancelled_member_leaves_before_the_next_step_and_the_others_fin
     us[1].cancel()  # while the worker waits inside step 3, which it began with the victim
     engine.permits.release(100)
     (a_audio, a_end), (c_audio, c_end) = await asyncio.gather(drain(us[0]), drain(us[2]))
-    assert isinstance(a_end, Finished) and isinstance(c_end, Finished)
+    assert isinstance(a_end, Done) and isinstance(c_end, Done)
     # A cancelled utterance's queue gets no end marker: its session says "cancelled".
     assert us[1].outcome == "cancelled" and us[1].stream_closed and us[1].steps == 3
     batches = engine.batches[1:]  # after the blocker's
@@ -185,7 +185,7 @@ async def test_an_engine_error_fails_its_own_member_and_the_batch_carries_on(sto
     assert failed_audio.size == WORD  # "four", then it failed on the step that exploded
     for i in (0, 2):
         audio, end = results[i]
-        assert isinstance(end, Finished) and dominant_pitches(audio) == pytest.approx(pitches_of(texts[i]), abs=15)
+        assert isinstance(end, Done) and dominant_pitches(audio) == pytest.approx(pitches_of(texts[i]), abs=15)
     assert worker.stats.failures == 1
 
 
@@ -198,7 +198,7 @@ async def test_a_whole_batch_failure_is_pinned_on_its_member_by_stepping_alone(s
     assert isinstance(results[1][1], Failed) and results[1][1].code == "engine_error"
     for i in (0, 2):
         audio, end = results[i]
-        assert isinstance(end, Finished) and dominant_pitches(audio) == pytest.approx(pitches_of(texts[i]), abs=15)
+        assert isinstance(end, Done) and dominant_pitches(audio) == pytest.approx(pitches_of(texts[i]), abs=15)
     # The failed batch of three, then each of its members alone, then the two survivors.
     sizes = [len(b) for b in engine.batches[1:]]
     assert sizes[:5] == [3, 3, 1, 1, 1]
@@ -212,7 +212,7 @@ async def test_the_memory_budget_makes_newcomers_wait_and_then_complete(stopping
     texts = ["a b c.", "d e f.", "g h i.", "j k l."]
     results = await run_together(worker, engine, texts)
     for text, (audio, end) in zip(texts, results):
-        assert isinstance(end, Finished) and audio.size == 3 * WORD
+        assert isinstance(end, Done) and audio.size == 3 * WORD
     assert max(len(b) for b in engine.batches) == 2  # never more than the budget holds
     assert worker.stats.memory_waits >= 1
     assert worker.memory.used == 0  # every admitted stream gave its memory back
@@ -225,4 +225,4 @@ async def test_a_segment_larger_than_the_whole_budget_fails_clearly(stopping):
     (_, big_end), (audio, small_end) = await run_together(worker, engine, ["far too many words here.", "ok."])
     assert isinstance(big_end, Failed) and big_end.code == "over_memory_budget"
     assert "MiB" in big_end.message
-    assert isinstance(small_end, Finished) and audio.size == WORD
+    assert isinstance(small_end, Done) and audio.size == WORD

@@ -11,7 +11,7 @@ import av
 import numpy as np
 import pytest
 
-from voxwire.engine.audio_queue import Failed, Finished, Flushed
+from voxwire.engine.audio_queue import Done, Failed, Flushed
 from voxwire.server.audio import FORMATS, FormatError, describe, stream_rate
 from voxwire.server.framing import AudioFrame, FailedEvent, FlushedEvent, Framer
 from voxwire.server.protocol import ProtocolError, StreamSettings, parse
@@ -55,7 +55,7 @@ def frames_of(events: list[object]) -> list[AudioFrame]:
 def pcm_of(fmt: str, audio: np.ndarray) -> np.ndarray:
     """The pcm_s16le stream of the same audio at the compressed stream's rate."""
     rate = stream_rate(fmt, 24000)
-    frames = frames_of(run(Framer(ENGINE_RATE, settings("pcm_s16le", rate)), [*pieces(audio), Finished()]))
+    frames = frames_of(run(Framer(ENGINE_RATE, settings("pcm_s16le", rate)), [*pieces(audio), Done()]))
     return np.frombuffer(b"".join(f.data for f in frames), "<i2").astype(np.float32) / 32767.0
 
 
@@ -63,7 +63,7 @@ def pcm_of(fmt: str, audio: np.ndarray) -> np.ndarray:
 def test_frames_concatenated_decode_to_the_pcm_streams_speech(fmt):
     audio = speechlike(3.0)
     stream = Framer(ENGINE_RATE, settings(fmt))
-    events = run(stream, [*pieces(audio), Finished()])
+    events = run(stream, [*pieces(audio), Done()])
     frames = frames_of(events)
     data = b"".join(f.data for f in frames)
     rate = stream.settings.sample_rate
@@ -88,7 +88,7 @@ def test_each_chunk_leaves_with_its_bytes_before_the_engine_has_finished(fmt):
     sent_before_the_end = []
     for piece in pieces(audio, 4410):  # 200 ms engine steps
         sent_before_the_end += frames_of(stream.receive(piece))
-    tail = frames_of(stream.receive(Finished()))
+    tail = frames_of(stream.receive(Done()))
     # Counters, not clocks: frames with real bytes were out while the engine still had
     # audio to give, and at most one codec frame of samples waited for the next chunk.
     assert len(sent_before_the_end) >= 8 and all(f.data for f in sent_before_the_end)
@@ -117,7 +117,7 @@ def test_a_stream_cut_short_decodes_up_to_its_last_whole_frame(fmt):
 def test_flush_sends_what_is_buffered_and_keeps_one_stream(fmt):
     stream = Framer(ENGINE_RATE, settings(fmt))
     audio = speechlike(1.0)
-    events = run(stream, [audio[:3000], Flushed(), audio[3000:], Finished()])
+    events = run(stream, [audio[:3000], Flushed(), audio[3000:], Done()])
     assert any(isinstance(e, FlushedEvent) for e in events)
     data = b"".join(f.data for f in frames_of(events))
     assert_matches_pcm(data, pcm_of(fmt, audio), fmt, stream.settings.sample_rate)
@@ -132,7 +132,7 @@ def test_a_failed_utterance_ends_its_encoder_with_no_more_frames():
 
 def test_pcm_formats_are_unchanged_byte_for_sample():
     stream = Framer(ENGINE_RATE, settings("pcm_f32le"))
-    frames = frames_of(run(stream, [*pieces(speechlike(1.0)), Finished()]))
+    frames = frames_of(run(stream, [*pieces(speechlike(1.0)), Done()]))
     assert all(len(f.data) == 4 * f.samples for f in frames) and stream.bytes == 4 * stream.samples
 
 
@@ -174,9 +174,9 @@ def test_the_streams_are_what_standard_tools_recognise():
     """The first bytes are each container's magic, so a file of them plays anywhere."""
     magic = {"opus": b"OggS", "flac": b"fLaC"}
     for fmt, head in magic.items():
-        frames = frames_of(run(Framer(ENGINE_RATE, settings(fmt)), [speechlike(0.5), Finished()]))
+        frames = frames_of(run(Framer(ENGINE_RATE, settings(fmt)), [speechlike(0.5), Done()]))
         assert frames[0].data.startswith(head)
-    mp3 = frames_of(run(Framer(ENGINE_RATE, settings("mp3")), [speechlike(0.5), Finished()]))[0].data
+    mp3 = frames_of(run(Framer(ENGINE_RATE, settings("mp3")), [speechlike(0.5), Done()]))[0].data
     assert mp3[0] == 0xFF and mp3[1] & 0xE0 == 0xE0  # an MPEG audio frame sync, no ID3 tag
     with av.open(io.BytesIO(mp3)) as c:
         assert c.streams.audio[0].codec_context.name.startswith("mp3")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voxwire.engine.audio_queue import Failed, Finished, Flushed
+from voxwire.engine.audio_queue import Done, Failed, Flushed
 from voxwire.engine.base import WordTiming, WordTimings
 from voxwire.server.framing import AudioFrame, FailedEvent, FlushedEvent, Framer, Words
 from voxwire.server.protocol import StreamSettings
@@ -29,7 +29,7 @@ def test_frames_are_cut_numbered_and_offset_from_pieces_of_any_size():
     events = []
     for seconds in (0.05, 0.12, 0.5, 0.01, 0.33):  # 1.01 s in uneven pieces
         events += stream.receive(tone(seconds))
-    events += stream.receive(Finished())
+    events += stream.receive(Done())
     frames = [e for e in events if isinstance(e, AudioFrame)]
     assert frames[0].samples == int(RATE * 0.05) + int(RATE * 0.12)  # the first leaves once it holds 150 ms
     assert all(f.samples == RATE * 200 // 1000 for f in frames[1:-1])
@@ -43,7 +43,7 @@ def test_frames_are_cut_numbered_and_offset_from_pieces_of_any_size():
 def test_words_go_just_ahead_of_the_frame_they_start_in_on_the_stream_timeline():
     stream = Framer(RATE, settings(sample_rate=8000, timestamps=True))
     words = WordTimings((WordTiming("one", 100, 3000), WordTiming("two", 9000, 12000)))
-    events = stream.receive(words) + stream.receive(tone(1.0)) + stream.receive(Finished())
+    events = stream.receive(words) + stream.receive(tone(1.0)) + stream.receive(Done())
     kinds = [type(e).__name__ for e in events]
     # "one" starts in frame 0; "two" at 9000/16000 s = 4500 at 8 kHz, in frame 2 (2800..4400..6000).
     assert kinds[:2] == ["Words", "AudioFrame"] and kinds.count("Words") == 2
@@ -66,17 +66,17 @@ def test_capture_for_the_cache_is_capped_and_keeps_words_only_when_asked():
     small = Framer(RATE, settings(timestamps=True), capture_bytes=RATE * 4)  # one second of float32
     small.receive(WordTimings((WordTiming("a", 0, 10),)))
     small.receive(tone(0.6))
-    small.receive(Finished())
+    small.receive(Done())
     entry = small.captured(segments=1)
     assert entry is not None and entry.audio.size == int(RATE * 0.6) and entry.words == (WordTiming("a", 0, 10),)
     big = Framer(RATE, settings(), capture_bytes=RATE * 4)
     big.receive(tone(0.6))
     big.receive(tone(0.6))  # now over the cap: nothing is kept
-    big.receive(Finished())
+    big.receive(Done())
     assert big.captured(segments=1) is None
     plain = Framer(RATE, settings(), capture_bytes=RATE * 4)
     plain.receive(tone(0.2))
-    plain.receive(Finished())
+    plain.receive(Done())
     assert plain.captured(segments=1).words is None  # type: ignore[union-attr]
 
 
@@ -88,6 +88,6 @@ def test_a_first_piece_of_150_ms_makes_a_first_frame_at_every_rate(rate):
     first = stream.receive(piece[: int(22050 * 0.1625)])
     frames = [e for e in first if isinstance(e, AudioFrame)]
     assert len(frames) == 1 and frames[0].samples >= rate * 0.13
-    rest = stream.receive(piece[int(22050 * 0.1625) :]) + stream.receive(Finished())
+    rest = stream.receive(piece[int(22050 * 0.1625) :]) + stream.receive(Done())
     total = sum(e.samples for e in first + rest if isinstance(e, AudioFrame))
     assert abs(total - rate * (0.1625 + 1.0)) <= 2  # nothing lost to the early first frame

@@ -151,7 +151,7 @@ async def test_under_load_an_aborted_utterance_ends_as_its_worker_says():
             await asyncio.sleep(rng.uniform(0, 0.004))
             speech.abort(*ABORT)
             last = await last_event(speech)
-            speech.end("done" if last == "Done" else "failed", None if last == "Done" else ABORT[0])
+            speech.end("done" if last == "DoneEvent" else "failed", None if last == "DoneEvent" else ABORT[0])
             await wait_until(lambda: utterance.outcome is not None)
             outcomes.add((last, utterance.outcome))
-    assert outcomes <= {("Done", "finished"), ("FailedEvent", "failed")}
+    assert outcomes <= {("DoneEvent", "finished"), ("FailedEvent", "failed")}

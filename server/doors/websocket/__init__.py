@@ -16,6 +16,7 @@ from typing import Any
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from voxwire.engine.errors import ErrorCode
 from voxwire.server import auth
 from voxwire.server.doors.base import Conversation, Door, Flooded, ListenerStalled
 from voxwire.server.doors.websocket.session import Session
@@ -29,7 +30,7 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN_LATER = 1013
 # A connection the gate refuses is closed with the code that says whether to come back.
-GATE_CLOSE_CODES = {"shutting_down": CLOSE_GOING_AWAY}
+GATE_CLOSE_CODES: dict[str, int] = {ErrorCode.SHUTTING_DOWN: CLOSE_GOING_AWAY}
 
 
 def gate_close_code(reason: str) -> int:
@@ -54,7 +55,7 @@ class WebSocketDoor(Door):
             await ws.close(CLOSE_POLICY, auth.ORIGIN_REFUSED)
             return
         if not auth.presents_valid_key(self.config.auth, ws.headers, ws.query_params, subprotocols):
-            self.refuse_connection("unauthorized", CLOSE_POLICY)
+            self.refuse_connection(ErrorCode.UNAUTHORIZED, CLOSE_POLICY)
             await ws.close(CLOSE_POLICY, auth.KEY_REFUSED)
             return
         # Per client: its address, or the one a trusted proxy forwards (uvicorn's proxy headers).
@@ -67,7 +68,7 @@ class WebSocketDoor(Door):
         connection = _Connection(ws, session, self.limits.idle_timeout_seconds)
 
         async def shutdown() -> None:
-            await session.fail_all("shutting_down", "the server is shutting down")
+            await session.fail_all(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             await connection.close(CLOSE_GOING_AWAY, "the server is shutting down")
 
         async with self.connection(session, shutdown, client):

@@ -17,10 +17,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from voxwire.engine.errors import ErrorCode
 from voxwire.server import protocol
 from voxwire.server.audio import describe
 from voxwire.server.doors.base import FLOOD_WINDOW_SECONDS, Door, Flooded
-from voxwire.server.framing import AudioFrame, Done, Event, FailedEvent, FlushedEvent, Words
+from voxwire.server.framing import AudioFrame, DoneEvent, Event, FailedEvent, FlushedEvent, Words
 from voxwire.server.pipeline import Refused
 from voxwire.server.protocol import Cancel, Configure, Flush, Progress, ProtocolError, Speak, StreamSettings
 from voxwire.server.speech import Speech
@@ -137,11 +138,11 @@ class Session:
         if isinstance(message, Speak):
             active = self._live.get(ctx) if ctx is not None else None
             if active is not None and not active.speech.complete:
-                await self._stop(active, "failed", "rate_limited")
+                await self._stop(active, "failed", ErrorCode.RATE_LIMITED)
                 said += ", and its utterance has ended: its text would have had a hole"
             elif active is None and ctx is not None:
                 self._remember_ended(ctx)
-        dropped = ProtocolError("rate_limited", said, ctx)
+        dropped = ProtocolError(ErrorCode.RATE_LIMITED, said, ctx)
         dropped.message_type = "progress" if isinstance(message, Progress) else None
         await self._send(protocol.error(dropped.code, dropped.message, ctx, **self._terminal_field(dropped)))
 
@@ -178,7 +179,7 @@ class Session:
             # Text that was on its way when the client cancelled (a barge-in) must not
             # open a new utterance, or it would be spoken at the start of the next turn.
             raise ProtocolError(
-                "ctx_finished", f"utterance {ctx!r} has ended; start a new utterance with a new ctx", ctx
+                ErrorCode.CTX_FINISHED, f"utterance {ctx!r} has ended; start a new utterance with a new ctx", ctx
             )
         ctx = ctx if ctx is not None else self._auto_name()
         settings = protocol.with_overrides(self.defaults, message.settings)
@@ -202,11 +203,11 @@ class Session:
         """More text for a streamed utterance."""
         ctx = active.ctx
         if active.speech.complete:
-            raise ProtocolError("ctx_finished", f"utterance {ctx!r} already received its final text", ctx)
+            raise ProtocolError(ErrorCode.CTX_FINISHED, f"utterance {ctx!r} already received its final text", ctx)
         if message.settings:
             refused = " and ".join(f'"{name}"' for name in message.settings)
             raise ProtocolError(
-                "invalid_field", f"{refused} can only be set in the first speak of an utterance", ctx
+                ErrorCode.INVALID_FIELD, f"{refused} can only be set in the first speak of an utterance", ctx
             )
         try:
             self.door.feed(active.speech, message.text, message.final, self._budget)
@@ -219,7 +220,7 @@ class Session:
         if len(self._live) < self.limits.max_utterances_per_socket:
             return None
         return Refused(
-            "too_many_utterances",
+            ErrorCode.TOO_MANY_UTTERANCES,
             f"at most {self.limits.max_utterances_per_socket} utterances may be active on one connection",
         )
 
@@ -234,7 +235,7 @@ class Session:
         if active is None:
             if ctx in self._ended:
                 return  # it finished while the cancel was on its way: nothing to stop
-            raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
+            raise ProtocolError(ErrorCode.UNKNOWN_CTX, f"no active utterance {ctx!r}", ctx)
         await self._stop(active, "cancelled")
         speech = active.speech
         await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=speech.samples_sent, frames=speech.frames_sent))
@@ -262,7 +263,7 @@ class Session:
     def _get(self, ctx: str) -> ActiveUtterance:
         active = self._live.get(ctx)
         if active is None:
-            raise ProtocolError("unknown_ctx", f"no active utterance {ctx!r}", ctx)
+            raise ProtocolError(ErrorCode.UNKNOWN_CTX, f"no active utterance {ctx!r}", ctx)
         return active
 
     def _auto_name(self) -> str:
@@ -289,7 +290,7 @@ class Session:
             await self._send(protocol.event("timestamps", ctx=ctx, words=list(event.words)))
         elif isinstance(event, FlushedEvent):
             await self._send(protocol.event("flushed", ctx=ctx))
-        elif isinstance(event, Done):
+        elif isinstance(event, DoneEvent):
             await self._send(protocol.event("done", ctx=ctx, **event.figures.to_dict()))
         elif isinstance(event, FailedEvent):
             await self._send(protocol.error(event.code, event.message, ctx, terminal=True))
@@ -340,10 +341,11 @@ class Session:
         idle = self.limits.idle_timeout_seconds
         for active in list(self._live.values()):
             if not active.speech.complete and now - active.last_text_at >= idle:
-                await self._stop(active, "failed", "idle_timeout")
+                await self._stop(active, "failed", ErrorCode.IDLE_TIMEOUT)
                 await self._send(
                     protocol.error(
-                        "idle_timeout", f"utterance {active.ctx!r} received no text for {idle:g} s and has ended",
+                        ErrorCode.IDLE_TIMEOUT,
+                        f"utterance {active.ctx!r} received no text for {idle:g} s and has ended",
                         active.ctx, terminal=True,
                     )
                 )
@@ -361,11 +363,11 @@ class Session:
             if since is None or now - since < stall:
                 continue
             active.speech.end_stalled("no_progress")
-            await self._stop(active, "failed", "listener_stalled")
+            await self._stop(active, "failed", ErrorCode.LISTENER_STALLED)
             log.info("session %s: utterance %s: no playback progress for %g s", self.id, active.ctx, stall)
             await self._send(
                 protocol.error(
-                    "listener_stalled",
+                    ErrorCode.LISTENER_STALLED,
                     f"utterance {active.ctx!r} has ended: its audio waited {stall:g} s "
                     "(stall_timeout_seconds) with no playback progress reported",
                     active.ctx, terminal=True,

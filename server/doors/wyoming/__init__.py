@@ -32,6 +32,7 @@ import socket
 
 from wyoming.event import Event, async_write_event
 
+from voxwire.engine.errors import ErrorCode
 from voxwire.server.doors.base import Door, Host
 from voxwire.server.doors.wyoming.session import Received, WyomingSession
 from voxwire.server.doors.wyoming.wire import BadEvent, error, read_event
@@ -115,8 +116,8 @@ class WyomingDoor(Door):
         session = WyomingSession(self, self.defaults(), lambda event: async_write_event(event, writer))
 
         async def shutdown() -> None:
-            await session.close("failed", "shutting_down")
-            await _say_and_close(writer, error("shutting_down", "the server is shutting down"))
+            await session.close("failed", ErrorCode.SHUTTING_DOWN)
+            await _say_and_close(writer, error(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
 
         async def receive() -> Received:
             try:

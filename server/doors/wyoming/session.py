@@ -23,10 +23,10 @@ from wyoming.ping import Ping, Pong
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from voxwire.engine.base import EngineError
-from voxwire.engine.errors import quoted
+from voxwire.engine.errors import ErrorCode, quoted
 from voxwire.server.doors.base import Conversation, Door
 from voxwire.server.doors.wyoming.wire import CHANNELS, WIDTH, BadEvent, BadField, error, info, text_of, voice_of
-from voxwire.server.framing import AudioFrame, Done, Event as SpeechEvent, FailedEvent
+from voxwire.server.framing import AudioFrame, DoneEvent, Event as SpeechEvent, FailedEvent
 from voxwire.server.pipeline import Refused
 from voxwire.server.protocol import StreamSettings
 from voxwire.server.speech import Speech
@@ -90,11 +90,12 @@ class WyomingSession(Conversation[Received]):
         try:
             return await self._dispatch(event)
         except BadField as e:
-            await self.send(error("invalid_event", str(e)))
+            await self.send(error(ErrorCode.INVALID_EVENT, str(e)))
             return True
         except (KeyError, TypeError, ValueError, AttributeError):
             # The event classes read fields as they find them; a wrong shape is the client's.
-            await self.send(error("invalid_event", f"a {quoted(event.type)} event with fields of the wrong shape"))
+            wrong_shape = f"a {quoted(event.type)} event with fields of the wrong shape"
+            await self.send(error(ErrorCode.INVALID_EVENT, wrong_shape))
             return True
 
     async def _drop(self, event: Event) -> bool:
@@ -105,14 +106,14 @@ class WyomingSession(Conversation[Received]):
         said = f"more than {self.limits.messages_per_second:g} events per second; this one was dropped"
         if not self._budget.tolerate_drop():
             log.info("wyoming connection %s: closing a connection that floods", self.id)
-            await self.send(error("rate_limited", f"{said}; closing a connection that keeps sending too fast"))
+            await self.send(error(ErrorCode.RATE_LIMITED, f"{said}; closing a connection that keeps sending too fast"))
             return False
         streamed_text = SynthesizeChunk.is_type(event.type) or SynthesizeStop.is_type(event.type)
         if streamed_text and self._streaming:
-            await self._stop("failed", "rate_limited")
-            await self.send(error("rate_limited", f"{said}; it carried text, so its utterance has ended"))
+            await self._stop("failed", ErrorCode.RATE_LIMITED)
+            await self.send(error(ErrorCode.RATE_LIMITED, f"{said}; it carried text, so its utterance has ended"))
             return False
-        await self.send(error("rate_limited", said))
+        await self.send(error(ErrorCode.RATE_LIMITED, said))
         return True
 
     async def _dispatch(self, event: Event) -> bool:
@@ -146,14 +147,14 @@ class WyomingSession(Conversation[Received]):
         elif SynthesizeStop.is_type(event.type):
             return await self._feed("", final=True)
         else:
-            await self.send(error("unknown_event", f"this server does not answer {quoted(event.type)} events"))
+            await self.send(error(ErrorCode.UNKNOWN_EVENT, f"this server does not answer {quoted(event.type)} events"))
         return True
 
     async def _busy(self) -> bool:
         """An utterance is being spoken here: said so (the request is not taken)."""
         if self.speech is None:
             return False
-        await self.send(error("busy", "one utterance at a time on a connection; open another for more"))
+        await self.send(error(ErrorCode.BUSY, "one utterance at a time on a connection; open another for more"))
         return True
 
     async def _open(self, text: str, voice: str, text_format: object, final: bool) -> bool:
@@ -178,7 +179,7 @@ class WyomingSession(Conversation[Received]):
         speech = self.speech
         if not self._streaming or speech is None:
             kind = "synthesize-stop" if final else "synthesize-chunk"
-            await self.send(error("no_stream", f"{kind} comes between synthesize-start and synthesize-stop"))
+            await self.send(error(ErrorCode.NO_STREAM, f"{kind} comes between synthesize-start and synthesize-stop"))
             return True
         try:
             self.door.feed(speech, text, final, self._budget)
@@ -213,7 +214,7 @@ class WyomingSession(Conversation[Received]):
             await self.send(AudioChunk(
                 rate=rate, width=WIDTH, channels=CHANNELS, audio=event.data, timestamp=event.offset * 1000 // rate,
             ).event(), speech)
-        elif isinstance(event, Done):
+        elif isinstance(event, DoneEvent):
             await self.send(AudioStop(timestamp=speech.samples_sent * 1000 // rate).event())
             if streamed:
                 await self.send(SynthesizeStopped().event())
@@ -240,8 +241,8 @@ class WyomingSession(Conversation[Received]):
     async def idle(self) -> None:
         idle = self.limits.idle_timeout_seconds
         if self.speech is not None:
-            await self._stop("failed", "idle_timeout")
-        await self.send(error("idle_timeout", f"no event for {idle:g} s; closing the connection"))
+            await self._stop("failed", ErrorCode.IDLE_TIMEOUT)
+        await self.send(error(ErrorCode.IDLE_TIMEOUT, f"no event for {idle:g} s; closing the connection"))
 
     async def close(self, outcome: str = "disconnected", code: str | None = None) -> None:
         """The connection is ending: its utterance stops, so no computation outlives it."""
@@ -275,5 +276,5 @@ class WyomingSession(Conversation[Received]):
 def _format_refusal(text_format: object) -> Refused | None:
     """This door's own rule on a new utterance's text: plain text only."""
     if text_format not in (None, "text"):
-        return Refused("unsupported_text_format", "this server speaks plain text; SSML is not supported")
+        return Refused(ErrorCode.UNSUPPORTED_TEXT_FORMAT, "this server speaks plain text; SSML is not supported")
     return None

@@ -18,7 +18,7 @@ from wyoming.event import Event
 from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
 
 from voxwire.engine.base import Engine
-from voxwire.engine.errors import CodedError
+from voxwire.engine.errors import CodedError, ErrorCode
 
 WIDTH = 2  # bytes per sample: 16-bit PCM, the format every Wyoming client plays
 CHANNELS = 1
@@ -49,32 +49,32 @@ async def read_event(reader: asyncio.StreamReader, max_bytes: int) -> Event | No
     except asyncio.IncompleteReadError as e:
         if not e.partial.strip():
             return None
-        raise BadEvent("invalid_event", "the connection ended inside an event header") from None
+        raise BadEvent(ErrorCode.INVALID_EVENT, "the connection ended inside an event header") from None
     except asyncio.LimitOverrunError:
-        raise BadEvent("event_too_large", f"an event header is limited to {max_bytes} bytes") from None
+        raise BadEvent(ErrorCode.EVENT_TOO_LARGE, f"an event header is limited to {max_bytes} bytes") from None
     try:
         header = orjson.loads(line)
     except orjson.JSONDecodeError:
-        raise BadEvent("invalid_event", "an event header must be one line of JSON") from None
+        raise BadEvent(ErrorCode.INVALID_EVENT, "an event header must be one line of JSON") from None
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise BadEvent("invalid_event", "an event header must be a JSON object with a string 'type'")
+        raise BadEvent(ErrorCode.INVALID_EVENT, "an event header must be a JSON object with a string 'type'")
     data = header.get("data") or {}
     if not isinstance(data, dict):
-        raise BadEvent("invalid_event", "an event's 'data' must be a JSON object")
+        raise BadEvent(ErrorCode.INVALID_EVENT, "an event's 'data' must be a JSON object")
     data_length, payload_length = _length(header, "data_length"), _length(header, "payload_length")
     if len(line) + data_length + payload_length > max_bytes:
-        raise BadEvent("event_too_large", f"an event is limited to {max_bytes} bytes; this one claims more")
+        raise BadEvent(ErrorCode.EVENT_TOO_LARGE, f"an event is limited to {max_bytes} bytes; this one claims more")
     try:
         if data_length:
             extra = orjson.loads(await reader.readexactly(data_length))
             if not isinstance(extra, dict):
-                raise BadEvent("invalid_event", "an event's data must be a JSON object")
+                raise BadEvent(ErrorCode.INVALID_EVENT, "an event's data must be a JSON object")
             data.update(extra)
         payload = await reader.readexactly(payload_length) if payload_length else None
     except asyncio.IncompleteReadError:
-        raise BadEvent("invalid_event", "the connection ended inside an event") from None
+        raise BadEvent(ErrorCode.INVALID_EVENT, "the connection ended inside an event") from None
     except orjson.JSONDecodeError:
-        raise BadEvent("invalid_event", "an event's data must be JSON") from None
+        raise BadEvent(ErrorCode.INVALID_EVENT, "an event's data must be JSON") from None
     return Event(type=header["type"], data=data, payload=payload)
 
 
@@ -84,7 +84,7 @@ def _length(header: dict[str, object], name: str) -> int:
         return 0
     # true is an int to Python, not a length to a client.
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BadEvent("invalid_event", f"'{name}' must be a non-negative integer")
+        raise BadEvent(ErrorCode.INVALID_EVENT, f"'{name}' must be a non-negative integer")
     return value
 
 

@@ -150,7 +150,7 @@ async def test_a_stream_that_fails_a_batched_step_fails_alone_in_the_worker(engi
     the others speak as they do without it."""
     import asyncio
 
-    from voxwire.engine.audio_queue import Failed, Finished
+    from voxwire.engine.audio_queue import Done, Failed
     from voxwire.engine.worker import Worker
     from voxwire.engine.worker_options import WorkerOptions
     from tests.fixtures.waiting import drain
@@ -197,6 +197,6 @@ async def test_a_stream_that_fails_a_batched_step_fails_alone_in_the_worker(engi
     assert calls[0] == (2, False)
     largest, _ = MATCH[engine.precision]
     for (audio, end), (clean_audio, clean_end) in zip([faulty[0], faulty[2]], clean):
-        assert isinstance(end, Finished) and isinstance(clean_end, Finished)
+        assert isinstance(end, Done) and isinstance(clean_end, Done)
         assert audio.shape == clean_audio.shape and audio.size > 0
         assert np.abs(audio - clean_audio).max() < largest
