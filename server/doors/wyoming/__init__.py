@@ -111,7 +111,7 @@ class WyomingDoor(Door):
     async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         refusal = self.admit()
         if refusal is not None:
-            await _say_and_close(writer, error(refusal.code, refusal.message))
+            await _say_and_close(writer, error(refusal.code, refusal.message), unread=reader)
             return
         session = WyomingSession(self, self.defaults(), lambda event: async_write_event(event, writer))
 
@@ -139,11 +139,22 @@ class WyomingDoor(Door):
                     writer.close()
 
 
-async def _say_and_close(writer: asyncio.StreamWriter, event: Event) -> None:
+LINGER_READ_BYTES = 65536
+
+
+async def _say_and_close(writer: asyncio.StreamWriter, event: Event, unread: asyncio.StreamReader | None = None) -> None:
+    """Write ``event`` and close. With ``unread`` (a connection nobody reads, as a refused
+    one), the close lingers: the write side is shut and what the client still sends is
+    read and dropped until it closes, because a socket closed with unread bytes resets
+    the connection, and the reset can reach the client before the event does."""
     try:
         # A farewell to a client that reads nothing must not hold a shutdown.
         async with asyncio.timeout(GOODBYE_SECONDS):
             await async_write_event(event, writer)
+            if unread is not None:
+                writer.write_eof()
+                while await unread.read(LINGER_READ_BYTES):
+                    pass
     except TimeoutError:
         writer.transport.abort()
     except (ConnectionError, OSError):

@@ -15,18 +15,17 @@ from voxwire.engine.errors import ErrorCode
 
 MESSAGE_REFUSED = "a message the integration itself wrote refused: a bug in the client, not the request"
 THIS_TEXT = "this utterance's text or length: another utterance may pass"
+# Refusals of a message the integration wrote itself: neither integration maps them.
+BAD_MESSAGES = dict.fromkeys(
+    ["invalid_json", "invalid_msgpack", "invalid_message", "missing_field", "unknown_type", "unknown_field",
+     "unknown_ctx", "ctx_finished"],
+    MESSAGE_REFUSED,
+)
 
 PIPECAT_UNKNOWN = {
     # ErrorCategory.UNKNOWN: neither permanent (INVALID_REQUEST would make the service
     # unusable) nor a load or server state to wait out.
-    "invalid_json": MESSAGE_REFUSED,
-    "invalid_msgpack": MESSAGE_REFUSED,
-    "invalid_message": MESSAGE_REFUSED,
-    "missing_field": MESSAGE_REFUSED,
-    "unknown_type": MESSAGE_REFUSED,
-    "unknown_field": MESSAGE_REFUSED,
-    "unknown_ctx": MESSAGE_REFUSED,
-    "ctx_finished": MESSAGE_REFUSED,
+    **BAD_MESSAGES,
     "timestamps_unsupported": "the service asks for timestamps only where ready.features says the engine has them",
     "idle_timeout": "one utterance whose text stopped coming; the next one starts afresh",
     "listener_stalled": "one utterance whose audio was not taken; the next one starts afresh",
@@ -38,14 +37,7 @@ PIPECAT_UNKNOWN = {
 LIVEKIT_400 = {
     # 400: the caller's mistake, which the framework does not retry (the same request
     # would fail again).
-    "invalid_json": MESSAGE_REFUSED,
-    "invalid_msgpack": MESSAGE_REFUSED,
-    "invalid_message": MESSAGE_REFUSED,
-    "missing_field": MESSAGE_REFUSED,
-    "unknown_type": MESSAGE_REFUSED,
-    "unknown_field": MESSAGE_REFUSED,
-    "unknown_ctx": MESSAGE_REFUSED,
-    "ctx_finished": MESSAGE_REFUSED,
+    **BAD_MESSAGES,
     "invalid_field": "a setting of the wrong shape: the same request is refused again",
     "invalid_format": "a setting out of range: the same request is refused again",
     "invalid_sample_rate": "a setting out of range: the same request is refused again",

@@ -25,7 +25,19 @@ SENTENCES = [
 # alone. In fp32 batched kernels differ by float rounding. In bf16 a batch of equal windows
 # measured exactly equal; a stream cut elsewhere (a wide burst's longer first piece) decodes
 # other windows, whose bf16 roundings moved samples by up to 1.7e-3.
-MATCH = {"fp32": (1e-4, 60.0), "bf16": (5e-3, 60.0)}
+# Where bf16 is emulated (no AVX512-BF16 or AMX; `auto` computes in fp32 there) the text
+# encoder's batched kernels round otherwise than its unbatched ones: a stream batched with
+# any other moved by up to 0.036 (36.8 dB SNR) on an AVX2 EPYC, and not at all with the
+# encoder left in fp32.
+MATCH = {"fp32": (1e-4, 60.0), "bf16": (5e-3, 60.0), "emulated bf16": (0.1, 30.0)}
+
+
+def match(engine) -> tuple[float, float]:
+    from voxwire.engine.precision import native_bf16
+
+    if engine.precision == "bf16" and not native_bf16("cpu"):
+        return MATCH["emulated bf16"]
+    return MATCH[engine.precision]
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
@@ -77,7 +89,7 @@ def test_a_batch_equals_each_stream_alone_audio_and_word_timings(engine):
     assert max(sizes) == 4  # all four were in a step together
     for (audio, words), pieces in zip(alone, together):
         b_audio, b_words = split(pieces)
-        largest, least_snr = MATCH[engine.precision]
+        largest, least_snr = match(engine)
         assert b_audio.shape == audio.shape
         snr = 10 * np.log10(np.sum(audio**2) / max(np.sum((b_audio - audio) ** 2), 1e-30))
         assert np.abs(b_audio - audio).max() < largest
@@ -118,7 +130,7 @@ def test_a_wide_burst_gets_longer_first_pieces_and_the_same_audio(engine):
         assert first_audio(one).size == FIRST_PIECE_FRAMES * hop
         assert first_audio(batched).size == 2 * FIRST_PIECE_FRAMES * hop
         a, b = split(one)[0], split(batched)[0]
-        assert a.shape == b.shape and np.abs(a - b).max() < MATCH[engine.precision][0]
+        assert a.shape == b.shape and np.abs(a - b).max() < match(engine)[0]
     # Fewer at once keep the short first piece.
     pieces, _ = run_batched(engine, texts[: wide_start - 1], joins=[0] * (wide_start - 1))
     assert all(first_audio(p).size == FIRST_PIECE_FRAMES * hop for p in pieces)
@@ -195,7 +207,7 @@ async def test_a_stream_that_fails_a_batched_step_fails_alone_in_the_worker(engi
     calls.clear()
     clean = await speak([(t, params) for t in good])
     assert calls[0] == (2, False)
-    largest, _ = MATCH[engine.precision]
+    largest, _ = match(engine)
     for (audio, end), (clean_audio, clean_end) in zip([faulty[0], faulty[2]], clean):
         assert isinstance(end, Done) and isinstance(clean_end, Done)
         assert audio.shape == clean_audio.shape and audio.size > 0

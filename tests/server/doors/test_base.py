@@ -9,6 +9,7 @@ connection closes; an error is one line, ``error <code>``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -51,6 +52,11 @@ class LineDoor(Door):
                 await self.converse(line, reader.readline)
         else:
             writer.write(f"error {refusal.code}\n".encode())
+            # A lingering close: closed with the client's line unread, the socket resets
+            # the connection, and the reset can reach the client before the refusal.
+            writer.write_eof()
+            with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+                await asyncio.wait_for(reader.read(), 1.0)
         await writer.drain()
         writer.close()
 

@@ -297,3 +297,26 @@ async def test_a_wyoming_client_that_keeps_flooding_is_cut():
         answers = await half_closed(s, *[Describe().event()] * 500)
         codes = [Error.from_event(e).code for e in answers if Error.is_type(e.type)]
         assert codes == ["rate_limited"] * 21  # the 21st drop is the flood: answered, then cut
+
+
+async def test_a_refused_client_that_spoke_first_hears_why_not_a_reset():
+    """A client refused at capacity has often written its synthesize already: the door
+    reads and drops it before closing, or the unread bytes would reset the connection,
+    and the reset can overtake the refusal."""
+    with tone_server(Limits(max_connections=1)) as s:
+        _, holder = await asyncio.open_connection("127.0.0.1", port(s))
+        try:
+            await wait_until(lambda: s.service.admission.connections == 1)
+            for _ in range(20):  # the reset was a race: one try in several lost it
+                reader, writer = await asyncio.open_connection("127.0.0.1", port(s))
+                try:
+                    writer.write(framed(Synthesize(text=TONE_TEXT).event()))
+                    await writer.drain()
+                    answers = []
+                    while (event := await asyncio.wait_for(async_read_event(reader), 10)) is not None:
+                        answers.append(event)
+                finally:
+                    writer.close()
+                assert [Error.from_event(e).code for e in answers] == ["at_capacity"]
+        finally:
+            holder.close()
