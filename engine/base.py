@@ -28,6 +28,9 @@ class Voice:
     language: str
     sample_rate: int
     description: str = ""
+    speakers: tuple[str, ...] = ()
+    """A multi-speaker voice's speaker names, each at its speaker id (Piper's
+    ``speaker_id_map``); empty for a voice with one speaker."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -36,7 +39,26 @@ class Voice:
             "language": self.language,
             "sample_rate": self.sample_rate,
             "description": self.description,
+            "speakers": list(self.speakers),
         }
+
+    def speaker_id(self, speaker: str | None) -> int | None:
+        """The id of ``speaker`` (a name, or an id written as a number), or None for the
+        voice's default speaker when none is named. An unknown speaker, or any speaker of a
+        one-speaker voice, raises ``EngineError`` (``unknown_speaker``)."""
+        if speaker is None:
+            return None
+        if speaker in self.speakers:
+            return self.speakers.index(speaker)
+        if speaker.isdecimal() and int(speaker) < len(self.speakers):
+            return int(speaker)
+        if not self.speakers:
+            raise EngineError(ErrorCode.UNKNOWN_SPEAKER,
+                              f"voice {self.id!r} has one speaker; name none (GET /v1/voices lists the speakers)")
+        shown = ", ".join(self.speakers[:8]) + (f", … ({len(self.speakers)} in all)" if len(self.speakers) > 8 else "")
+        raise EngineError(ErrorCode.UNKNOWN_SPEAKER,
+                          f"voice {self.id!r} has no speaker {speaker[:64]!r}: name one of {shown}, or give its "
+                          f"number (0 to {len(self.speakers) - 1})")
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,9 @@ class SynthesisParams:
     """A sooner first chunk at some cost in fidelity, for engines that have that choice
     (CosyVoice2's trimmed flow prompt); None: the voice's own default, else the engine's.
     Engines without the choice (Piper) ignore it."""
+    speaker: str | None = None
+    """A multi-speaker voice's speaker: a name from ``Voice.speakers`` or its id as a
+    number; None: the voice's default speaker (id 0, as Piper does)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +176,11 @@ class Engine(ABC):
         """The voices this engine can speak with now."""
 
     def has_voice(self, voice_id: str) -> bool:
-        return any(v.id == voice_id for v in self.voices())
+        return self.voice(voice_id) is not None
+
+    def voice(self, voice_id: str) -> Voice | None:
+        """The voice of that id, or None."""
+        return next((v for v in self.voices() if v.id == voice_id), None)
 
     def default_voice(self) -> str | None:
         """The voice a request that names none speaks with: the first of ``voices``, which

@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     TIMESTAMPS_UNSUPPORTED = "timestamps_unsupported"
     # An utterance refused, or ended.
     UNKNOWN_VOICE = "unknown_voice"
+    UNKNOWN_SPEAKER = "unknown_speaker"
     NO_VOICE = "no_voice"
     TEXT_TOO_LONG = "text_too_long"
     SESSION_TEXT_LIMIT = "session_text_limit"

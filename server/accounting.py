@@ -32,8 +32,10 @@ class Accounting:
 
     def utterance(
         self, door: str, outcome: str, code: str | None, ids: dict[str, str], voice: str, text: str,
-        figures: dict[str, Any],
+        figures: dict[str, Any], speaker: str | None = None,
     ) -> None:
+        """Count and log one utterance; ``speaker``: a multi-speaker voice's, where one was
+        named (the log line has it then)."""
         m = self.metrics
         m.utterances.labels(door, outcome, code or "").inc()
         if outcome == "done":
@@ -47,6 +49,8 @@ class Accounting:
         if code:
             fields["code"] = code
         fields["voice"] = voice
+        if speaker is not None:
+            fields["speaker"] = speaker
         fields.update(figures)
         fields["text_chars"] = len(text)
         if self.log_text:

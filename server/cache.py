@@ -1,9 +1,9 @@
 """A bounded LRU of finished utterances' audio, by bytes.
 
-Keyed by engine, voice, speed and normalised text: a repeated request (a prompt being
-tuned, a fixed greeting) streams from memory at once. The audio is kept at the engine's
-rate, before resampling and encoding, so one entry serves every output format. A voice
-that is registered again drops its entries, so nothing stale is served.
+Keyed by engine, voice and speaker, speed and normalised text: a repeated request (a
+prompt being tuned, a fixed greeting) streams from memory at once. The audio is kept at
+the engine's rate, before resampling and encoding, so one entry serves every output
+format. A voice that is registered again drops its entries, so nothing stale is served.
 
 A replay gives its audio in slices, as the engine gave it the first time: encoding a
 whole utterance in one go (Opus, MP3, AAC) would hold back its first frame, and every
@@ -37,6 +37,9 @@ class CacheKey:
     fast_start: bool | None = None
     """The request's own schedule choice: a rendering on one schedule never answers a
     request for the other."""
+    speaker: str | None = None
+    """A multi-speaker voice's speaker as the request named it (None: the default one):
+    one speaker's audio never answers a request for another."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,10 @@ class ResultCache:
         return self.max_bytes // 4
 
     @staticmethod
-    def key(engine: str, voice: str, speed: float, text: str, fast_start: bool | None = None) -> CacheKey:
-        return CacheKey(engine, voice, speed, normalize(text), fast_start)
+    def key(
+        engine: str, voice: str, speed: float, text: str, fast_start: bool | None = None, speaker: str | None = None,
+    ) -> CacheKey:
+        return CacheKey(engine, voice, speed, normalize(text), fast_start, speaker)
 
     def get(self, key: CacheKey, with_words: bool = False) -> CachedAudio | None:
         """The entry for ``key``; with ``with_words``, only one that has word timings (a

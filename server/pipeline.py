@@ -81,6 +81,7 @@ class Pipeline:
         request = speech.request
         self.accounting.utterance(
             request.door, outcome, code, request.ids, speech.settings.voice, speech.text, figures,
+            speech.settings.speaker,
         )
 
     def stalled(self, speech: Speech, reason: str) -> None:
@@ -94,21 +95,24 @@ class Pipeline:
         try:
             return self._open(request)
         except Refused as e:
-            self.refused(request.door, e.code, request.ids, request.settings.voice, request.text)
+            settings = request.settings
+            self.refused(request.door, e.code, request.ids, settings.voice, request.text, settings.speaker)
             raise
 
     def engine(self) -> Engine:
         """The loaded engine, or an ``EngineError`` a client can be told."""
         return self._worker().loaded_engine()
 
-    def refused(self, door: str, code: str, ids: dict[str, str], voice: str, text: str) -> None:
+    def refused(
+        self, door: str, code: str, ids: dict[str, str], voice: str, text: str, speaker: str | None = None,
+    ) -> None:
         """Record a new utterance that a door turned away (its own limits, bad input)."""
-        self.accounting.utterance(door, "refused", code, ids, voice, text, {})
+        self.accounting.utterance(door, "refused", code, ids, voice, text, {}, speaker)
 
     def resolve(self, settings: StreamSettings, check_voice: bool = True) -> StreamSettings:
         """The settings as the loaded engine will speak them: the default voice (``""``)
-        named, and what only the engine can tell checked (whether it has the voice, and
-        whether it can time words). Raises ``Refused``."""
+        named, and what only the engine can tell checked (whether it has the voice and
+        the speaker, and whether it can time words). Raises ``Refused``."""
         try:
             engine = self._worker().loaded_engine()
         except EngineError as e:
@@ -129,9 +133,14 @@ class Pipeline:
             default = engine.default_voice()
             if default is None:
                 raise Refused(ErrorCode.NO_VOICE, "no voices yet: register one with POST /v1/voices")
-            return replace(settings, voice=default)
-        if not engine.has_voice(settings.voice):
+            settings = replace(settings, voice=default)
+        voice = engine.voice(settings.voice)
+        if voice is None:
             raise Refused(ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(settings.voice)}; GET /v1/voices lists them")
+        try:
+            voice.speaker_id(settings.speaker)
+        except EngineError as e:
+            raise Refused(e.code, e.message) from None
         return settings
 
     def _open(self, request: UtteranceRequest) -> Speech:
@@ -144,7 +153,9 @@ class Pipeline:
         worker = self._worker()
         engine = worker.loaded_engine()
         key = (
-            self.cache.key(engine.name, settings.voice, settings.speed, request.text, settings.fast_start)
+            self.cache.key(
+                engine.name, settings.voice, settings.speed, request.text, settings.fast_start, settings.speaker,
+            )
             if self.cache.enabled
             else None
         )
@@ -168,7 +179,8 @@ class Pipeline:
         try:
             utterance = worker.submit(
                 SynthesisParams(
-                    voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps, fast_start=settings.fast_start
+                    voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps,
+                    fast_start=settings.fast_start, speaker=settings.speaker,
                 ),
                 asyncio.get_running_loop(),
                 first_clause_words=settings.first_clause_words,

@@ -30,6 +30,7 @@ PROTOCOL_VERSION = 1
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_FIRST_CLAUSE_WORDS = 40
 MAX_CTX_CHARS = 128
+MAX_SPEAKER_CHARS = 128
 
 
 class ProtocolError(CodedError):
@@ -51,6 +52,9 @@ class StreamSettings:
     """How an utterance is spoken and delivered. Session defaults, overridable per speak."""
 
     voice: str
+    speaker: str | None = None
+    """A multi-speaker voice's speaker, by name or by its id written in decimal; None:
+    the voice's default speaker. Checked against the voice by the pipeline."""
     format: str = "pcm_s16le"
     sample_rate: int = 24000
     chunk_ms: int = 200
@@ -209,13 +213,15 @@ def _ctx(obj: dict[str, Any], required: bool) -> str | None:
 
 
 def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
-    """The stream settings present in a message, checked. The voice is checked later,
-    against the engine, by the session."""
+    """The stream settings present in a message, checked. The voice and the speaker are
+    checked later, against the engine, by the pipeline."""
     out: dict[str, Any] = {}
     if "voice" in obj:
         if not isinstance(obj["voice"], str) or not obj["voice"]:
             raise ProtocolError(ErrorCode.INVALID_FIELD, "\"voice\" must be a non-empty string")
         out["voice"] = obj["voice"]
+    if "speaker" in obj:
+        out["speaker"] = _speaker(obj["speaker"])
     if "format" in obj:
         if obj["format"] not in FORMATS:
             raise ProtocolError(ErrorCode.INVALID_FORMAT, f"\"format\" must be one of {', '.join(FORMATS)}")
@@ -258,6 +264,22 @@ def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
             )
         out["first_clause_words"] = words
     return out
+
+
+def _speaker(value: Any) -> str | None:
+    """A speaker as the settings keep it: a name, an id as its decimal digits (a speaker's
+    id may be given as a number), or None (null: the voice's default speaker)."""
+    if value is None:
+        return None
+    if type(value) is int and value >= 0:
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= MAX_SPEAKER_CHARS:
+        return value
+    raise ProtocolError(
+        ErrorCode.INVALID_FIELD,
+        f"\"speaker\" must be a speaker's name (1 to {MAX_SPEAKER_CHARS} characters), its id (an integer, 0 or more), "
+        "or null",
+    )
 
 
 def with_overrides(settings: StreamSettings, overrides: dict[str, Any]) -> StreamSettings:

@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -113,6 +114,22 @@ def piper_wyoming_server() -> Iterator[RunningServer]:
         yield s
 
 
+@pytest.fixture(scope="session")
+def reference_voices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Random-weight Piper voices made by piper-tts's own training code and export
+    (tests/fixtures/piper_voices.py), by name: ``speakers`` (medium, four speakers),
+    ``x_low`` (16 kHz, one speaker) and ``high`` (resblock 1, four upsamplings, two
+    speakers). Each is ``NAME.onnx`` with ``NAME.onnx.json`` beside it, in one folder."""
+    from tests.fixtures.piper_voices import make_voice
+
+    folder = tmp_path_factory.mktemp("piper-voices")
+    return {
+        "speakers": make_voice(folder, "speakers", "medium", ("alice", "bob", "carol", "dave"), seed=1),
+        "x_low": make_voice(folder, "x_low", "x_low", seed=2),
+        "high": make_voice(folder, "high", "high", ("p225", "p226"), seed=3),
+    }
+
+
 @pytest.fixture
 def tone_server() -> Iterator[RunningServer]:
     """A server around the scripted tone engine, with small limits to run into."""
@@ -120,6 +137,17 @@ def tone_server() -> Iterator[RunningServer]:
 
     limits = Limits(max_utterances_per_socket=3, max_utterances_total=6, max_text_chars=2000, max_message_bytes=16384)
     with run_server(ServerConfig(limits=limits, cache_mb=0), engine=lambda: ToneEngine(step_delay=0.01)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def speakers_server() -> Iterator[RunningServer]:
+    """The tone engine with a multi-speaker voice ("chorus": alice, bob, carol; each
+    speaker's pitches in a band of their own) behind every door (Wyoming too), with a
+    result cache, which must never give one speaker's audio for another."""
+    from tests.fixtures.engines import SpeakersToneEngine
+
+    with run_server(ServerConfig(cache_mb=16, wyoming_port=0), engine=lambda: SpeakersToneEngine()) as s:
         yield s
 
 

@@ -11,7 +11,7 @@ const now = () => globalThis.performance?.now() ?? Date.now();
 
 // Stream settings, as callers may spell them (camelCase or the wire's snake_case).
 const SETTINGS = {
-  voice: 'voice', format: 'format', speed: 'speed',
+  voice: 'voice', speaker: 'speaker', format: 'format', speed: 'speed',
   sampleRate: 'sample_rate', sample_rate: 'sample_rate', chunkMs: 'chunk_ms', chunk_ms: 'chunk_ms',
   timestamps: 'timestamps', fastStart: 'fast_start', fast_start: 'fast_start',
   firstClauseWords: 'first_clause_words', first_clause_words: 'first_clause_words',
@@ -78,8 +78,8 @@ function wireSettings(settings = {}) {
 export class Voxwire extends Emitter {
   /**
    * @param {string} [url] the server's /v1/stream URL; default: this page's host.
-   * @param {object} [opts] default stream settings for every utterance (voice, format,
-   *   sampleRate, chunkMs, speed, timestamps, fastStart); `token`, an API key for a
+   * @param {object} [opts] default stream settings for every utterance (voice, speaker,
+   *   format, sampleRate, chunkMs, speed, timestamps, fastStart); `token`, an API key for a
    *   server that wants one; `reconnect` (true, or {minMs, maxMs}): reopen a lost
    *   connection by itself, with a growing delay between attempts; and `WebSocket` (an
    *   implementation, outside browsers).

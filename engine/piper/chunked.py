@@ -16,6 +16,7 @@ frame and see which output samples move, in float64):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -23,7 +24,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from .vits import Vits
+from .vits import Vits, VitsConfig
 
 T = TypeVar("T")
 
@@ -36,12 +37,40 @@ FIRST_PIECE_FRAMES = 14
 # 128 frames (1.5 s) the 2 x 11 frames of context cost ~15% extra on that piece while
 # per-call overhead is amortised; measured total is within a few % of whole decoding.
 PIECE_FRAMES = 128
-# Decoder receptive field is +-10.09 frames (measured, see module docstring).
+# Decoder receptive field is +-10.09 frames (measured, see module docstring), for a
+# medium voice; ``decoder_context`` gives it for any voice's shape.
 CONTEXT_FRAMES = 11
 # What a sentence's first step decodes: its first piece and the context after it.
 FIRST_WINDOW_FRAMES = FIRST_PIECE_FRAMES + CONTEXT_FRAMES
 # Flow receptive field is +-32 frames; with 32 the streamed flow is exact.
 FLOW_CONTEXT_FRAMES = 32
+
+
+def decoder_context(cfg: VitsConfig) -> int:
+    """Frames of latent context on each side that make a decoded window's inner part
+    whole decoding's: an upper bound of HiFi-GAN's receptive field, added up layer by
+    layer (each conv's reach in samples at its stage's rate, over the frames' rate). 11
+    for a medium voice (measured: 10.09), 14 for a high one (resblock 1's kernel 11)."""
+    reach = (7 - 1) / 2  # conv_pre, at the frame rate
+    rate = 1
+    for up, kernel in zip(cfg.upsample_rates, cfg.upsample_kernel_sizes):
+        reach += kernel / (2 * up) / rate  # the transposed conv, in its input's samples
+        rate *= up
+        blocks = []
+        for k, dilations in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes):
+            side = (k - 1) // 2
+            # ResBlock1 follows each dilated conv with an undilated one; ResBlock2 does not.
+            blocks.append(side * sum(dilations) + (side * len(dilations) if cfg.resblock == "1" else 0))
+        reach += max(blocks) / rate  # the blocks run side by side: the widest counts
+    reach += (7 - 1) / 2 / rate  # conv_post
+    return math.ceil(reach)
+
+
+def flow_context(cfg: VitsConfig) -> int:
+    """The flow's receptive field in frames, each side: every coupling's WaveNet layers'
+    reach, added up (32 for every Piper quality: 4 couplings of 4 layers, kernel 5)."""
+    side = (cfg.flow_kernel_size - 1) // 2
+    return cfg.flow_n_flows * sum(side * cfg.flow_dilation_rate**i for i in range(cfg.flow_n_layers))
 # The flow runs ahead of the decoder in blocks of up to FLOW_BLOCK_FRAMES (6 s of
 # audio), so most sentences need few flow calls and its context costs < 10% extra flow
 # work. The steps of a sentence's first FLOW_JUST_IN_TIME_PIECES pieces are the
@@ -124,22 +153,30 @@ class SentenceDecoder:
         z_p: torch.Tensor | None = None,
         z: torch.Tensor | None = None,
         piece_frames: int = PIECE_FRAMES,
-        context_frames: int = CONTEXT_FRAMES,
+        context_frames: int | None = None,
         first_piece_frames: int = FIRST_PIECE_FRAMES,
-        flow_context_frames: int = FLOW_CONTEXT_FRAMES,
+        flow_context_frames: int | None = None,
         flow_block_frames: int = FLOW_BLOCK_FRAMES,
         pad_to: int = 1,
         first_flow_pieces: int = 1,
+        speaker: torch.Tensor | None = None,
     ) -> None:
         """From the prior sample ``z_p`` (the flow runs here) or the decoder latent ``z``
         (``Vits.infer_latent``: it does not). ``pad_to`` pads z_p to a multiple of that
         many frames, so that short sentences too reuse a few input shapes. The first
         step's flow computes what the first ``first_flow_pieces`` pieces need, so that
-        the steps after it, up to that piece, only decode."""
+        the steps after it, up to that piece, only decode. ``speaker``: a multi-speaker
+        voice's ``Vits.speaker_embedding`` for this sentence, [1, G, 1, 1]. The contexts
+        default to the model's receptive fields (``decoder_context``, ``flow_context``)."""
         latent = z_p if z is None else z
         assert latent is not None
+        if context_frames is None:
+            context_frames = decoder_context(model.cfg)
+        if flow_context_frames is None:
+            flow_context_frames = flow_context(model.cfg)
         _check(latent, piece_frames, context_frames)
         self.model = model
+        self.speaker = speaker
         self.real = latent.shape[2]
         if z is None and pad_to > 1 and self.real % pad_to:
             # Masked, the flow treats the padding as VITS treats padding in a batch: exactly.
@@ -245,6 +282,12 @@ class SentenceDecoder:
         model = sentences[0].model
         plans = [s.plan() for s in sentences]
 
+        def speakers(members: list[int]) -> torch.Tensor | None:
+            """The members' speaker embeddings, a row each (a batch may mix speakers); None
+            for a one-speaker voice, whose sentences have none."""
+            rows = [r for m in members if (r := sentences[m].speaker) is not None]
+            return torch.cat(rows) if rows else None
+
         def batched(jobs: list[tuple[int, int]], run: Callable[[list[int]], torch.Tensor]) -> dict[int, torch.Tensor]:
             """Run ``run`` once per window width over the members of that width; each
             member's output row."""
@@ -262,13 +305,14 @@ class SentenceDecoder:
 
         def flow(members: list[int]) -> torch.Tensor:
             inputs = [sentences[m].flow_inputs(plans[m]) for m in members]
-            return model.flow_reverse(torch.cat([z_p for z_p, _ in inputs]), torch.cat([mask for _, mask in inputs]))
+            return model.flow_reverse(torch.cat([z_p for z_p, _ in inputs]), torch.cat([mask for _, mask in inputs]),
+                                      speakers(members))
 
         flowed = batched([(p.flow[0], p.flow[1]) if p.flow else (0, 0) for p in plans], flow)
         for m, block in flowed.items():
             sentences[m].store_flow(plans[m], block)
         audio = batched([p.decode for p in plans], lambda ms: model.decode(
-            torch.cat([sentences[m].decoder_input(plans[m]) for m in ms])
+            torch.cat([sentences[m].decoder_input(plans[m]) for m in ms]), speakers(ms)
         ))
         pieces = [s.piece(p, audio[m]) for m, (s, p) in enumerate(zip(sentences, plans))]
         for s, p in zip(sentences, plans):  # commit
@@ -307,15 +351,18 @@ def decode_chunks(
     model: Vits,
     z: torch.Tensor,
     piece_frames: int = PIECE_FRAMES,
-    context_frames: int = CONTEXT_FRAMES,
+    context_frames: int | None = None,
     first_piece_frames: int = FIRST_PIECE_FRAMES,
+    speaker: torch.Tensor | None = None,
 ) -> Iterator[np.ndarray]:
     """Decode z [1, C, F] (from ``Vits.infer_latent``) piece by piece.
 
     Yields float32 arrays whose concatenation has exactly F * hop_length samples; with
-    context_frames >= CONTEXT_FRAMES it equals ``model.decode(z)`` up to rounding."""
+    the default context (the decoder's receptive field) it equals ``model.decode(z)`` up
+    to rounding."""
     yield from _pieces(SentenceDecoder(
         model, z=z, piece_frames=piece_frames, context_frames=context_frames, first_piece_frames=first_piece_frames,
+        speaker=speaker,
     ))
 
 
@@ -323,11 +370,12 @@ def stream_chunks(
     model: Vits,
     z_p: torch.Tensor,
     piece_frames: int = PIECE_FRAMES,
-    context_frames: int = CONTEXT_FRAMES,
+    context_frames: int | None = None,
     first_piece_frames: int = FIRST_PIECE_FRAMES,
-    flow_context_frames: int = FLOW_CONTEXT_FRAMES,
+    flow_context_frames: int | None = None,
     flow_block_frames: int = FLOW_BLOCK_FRAMES,
     pad_to: int = 1,
+    speaker: torch.Tensor | None = None,
 ) -> Iterator[np.ndarray]:
     """Like ``decode_chunks`` but from the prior sample z_p (``Vits.infer_prior``): the
     flow runs lazily, just ahead of the decoder, so the first piece costs the same for a
@@ -335,5 +383,5 @@ def stream_chunks(
     yield from _pieces(SentenceDecoder(
         model, z_p=z_p, piece_frames=piece_frames, context_frames=context_frames,
         first_piece_frames=first_piece_frames, flow_context_frames=flow_context_frames,
-        flow_block_frames=flow_block_frames, pad_to=pad_to,
+        flow_block_frames=flow_block_frames, pad_to=pad_to, speaker=speaker,
     ))

@@ -120,6 +120,14 @@ class _LoadedVoice:
         self.files = files
         self.backend = backend
         self.gain = 1.0
+        # Speaker names at their ids; an id the map leaves out is named by its number.
+        n = self.config.num_speakers if self.config.num_speakers > 1 else 0
+        names = [str(i) for i in range(n)]
+        for name, i in self.config.speaker_id_map.items():
+            if 0 <= i < n:
+                names[i] = name
+        self.speakers = tuple(names)
+        self.default_speaker = self.config.default_speaker_id if n else None
         if backend == "onnx":
             import onnxruntime
 
@@ -140,15 +148,28 @@ class _LoadedVoice:
             if precision != "fp32":
                 self.vits.reduce_precision(dtype(precision), BF16_PARTS)
 
+    def describe(self) -> Voice:
+        return Voice(
+            id=self.files.id,
+            name=self.files.name or self.files.id,
+            language=self.config.espeak_voice,
+            sample_rate=self.config.sample_rate,
+            description=self.files.description,
+            speakers=self.speakers,
+        )
+
     def phoneme_ids(self, text: str) -> list[list[int]]:
         return [self.piper.phonemes_to_ids(p) for p in self.piper.phonemize(text) if p]
 
     def ids_per_phoneme(self, phoneme: str) -> int:
         return len(self.config.phoneme_id_map.get(phoneme, ()))
 
-    def audio(self, ids: list[int], speed: float, noise: bool = True) -> Iterator[np.ndarray]:
+    def audio(self, ids: list[int], speed: float, noise: bool = True, speaker: int | None = None) -> Iterator[np.ndarray]:
         """The audio for one sentence's ids, alone: the onnxruntime backend's step, and
-        the calibration of either backend."""
+        the calibration of either backend. ``speaker``: a multi-speaker voice's speaker id
+        (None: its default)."""
+        if speaker is None:
+            speaker = self.default_speaker
         cfg = self.config
         length_scale = cfg.length_scale / speed
         noise_scale = cfg.noise_scale if noise else 0.0
@@ -157,26 +178,30 @@ class _LoadedVoice:
             from piper.config import SynthesisConfig
 
             syn = SynthesisConfig(
-                length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w
+                length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w, speaker_id=speaker
             )
             yield np.asarray(self.piper.phoneme_ids_to_audio(ids, syn), dtype=np.float32).reshape(-1)
             return
         vits = self.vits
         with torch.inference_mode():
             phonemes = torch.tensor([ids], dtype=torch.long, device=vits.device)
-            z_p, durations = vits.infer_prior(phonemes, noise_scale, length_scale, noise_w, bucket=PHONEME_BUCKET)
+            z_p, durations = vits.infer_prior(phonemes, noise_scale, length_scale, noise_w, bucket=PHONEME_BUCKET,
+                                              speaker=speaker)
+            g = vits.speaker_embedding([speaker])
         # The flow and the decoder then run piece by piece: the first audio is decoded
         # before the rest of the sentence. Its first piece (162.5 ms) is over the shortest
         # chunk the server may send first (150 ms), so it leaves straight after it.
-        yield from stream_chunks(vits, z_p, pad_to=SHAPE_BUCKET)
+        yield from stream_chunks(vits, z_p, pad_to=SHAPE_BUCKET, speaker=g)
 
 
 class PiperStream(Stream):
     """One segment on the torch backend: its sentences' phonemes, the sentence being
     decoded, and the word aligner. Engine steps advance it (``PiperEngine.step``)."""
 
-    def __init__(self, voice: _LoadedVoice, speed: float, sentences: list[list[str]], aligner: Aligner | None) -> None:
+    def __init__(self, voice: _LoadedVoice, speed: float, sentences: list[list[str]], aligner: Aligner | None,
+                 speaker: int | None = None) -> None:
         self.voice = voice
+        self.speaker = voice.default_speaker if speaker is None else speaker
         self.length_scale = voice.config.length_scale / speed
         self.sentences = sentences
         self.aligner = aligner
@@ -244,16 +269,7 @@ class PiperEngine(Engine):
         return min(_MAX_GAIN, _TARGET_PEAK / peak) if peak > 0 else 1.0
 
     def voices(self) -> list[Voice]:
-        return [
-            Voice(
-                id=v.files.id,
-                name=v.files.name or v.files.id,
-                language=v.config.espeak_voice,
-                sample_rate=v.config.sample_rate,
-                description=v.files.description,
-            )
-            for v in self._voices.values()
-        ]
+        return [v.describe() for v in self._voices.values()]
 
     def _sentences(self, text: str, params: SynthesisParams) -> tuple[_LoadedVoice, list[list[str]], Aligner | None]:
         voice = self._voices.get(params.voice)
@@ -269,14 +285,16 @@ class PiperEngine(Engine):
 
     def open(self, text: str, params: SynthesisParams) -> Stream:
         voice, sentences, aligner = self._sentences(text, params)
+        speaker = voice.describe().speaker_id(params.speaker)  # None: the voice's default
         if voice.vits is None:
-            return GeneratorStream(self._whole_sentences(voice, sentences, params.speed))
-        return PiperStream(voice, params.speed, sentences, aligner)
+            return GeneratorStream(self._whole_sentences(voice, sentences, params.speed, speaker))
+        return PiperStream(voice, params.speed, sentences, aligner, speaker)
 
-    def _whole_sentences(self, voice: _LoadedVoice, sentences: list[list[str]], speed: float) -> Iterator[np.ndarray]:
+    def _whole_sentences(self, voice: _LoadedVoice, sentences: list[list[str]], speed: float,
+                         speaker: int | None) -> Iterator[np.ndarray]:
         """The onnxruntime backend: a sentence per step, one stream at a time."""
         for phonemes in sentences:
-            for piece in voice.audio(voice.piper.phonemes_to_ids(phonemes), speed):
+            for piece in voice.audio(voice.piper.phonemes_to_ids(phonemes), speed, speaker=speaker):
                 yield np.clip(piece * voice.gain, -1.0, 1.0).astype(np.float32, copy=False)
 
     def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
@@ -327,13 +345,15 @@ class PiperEngine(Engine):
             for part in batch_parts(list(range(len(starting)))):
                 priors += vits.infer_priors([ids[i] for i in part], cfg.noise_scale,
                                             [starting[i].length_scale for i in part], cfg.noise_w_scale,
-                                            bucket=PHONEME_BUCKET)
+                                            bucket=PHONEME_BUCKET, speakers=[starting[i].speaker for i in part])
+            embeddings = vits.speaker_embedding([s.speaker for s in starting])
         wide = self._wide_start(sum(s.next_sentence == 0 for s in starting))
         turns = []
-        for s, (z_p, d) in zip(starting, priors):
+        for row, (s, (z_p, d)) in enumerate(zip(starting, priors)):
             first, flow_pieces = (2 * FIRST_PIECE_FRAMES, 2) if wide and s.next_sentence == 0 else (FIRST_PIECE_FRAMES, 1)
             decoder = SentenceDecoder(vits, z_p=z_p, pad_to=SHAPE_BUCKET, first_piece_frames=first,
-                                      first_flow_pieces=flow_pieces)
+                                      first_flow_pieces=flow_pieces,
+                                      speaker=embeddings[row : row + 1] if embeddings is not None else None)
             turns.append(_Turn(s, decoder, durations=d.cpu().numpy()))
         return turns
 

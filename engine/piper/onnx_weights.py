@@ -87,6 +87,15 @@ _WEIGHT_SLOTS = {
 }
 
 
+def _negated_logs(uses: list[tuple[onnx.NodeProto, int]]) -> str | None:
+    """The module path of an ElementwiseAffine whose ``-logs`` this initializer is: its
+    one consumer is that module's Exp node."""
+    if len(uses) != 1 or uses[0][0].op_type != "Exp":
+        return None
+    scope = _SCOPED_NODE.match(uses[0][0].name)
+    return scope["path"].replace("/", ".") if scope else None
+
+
 def read_onnx_tensors(model: onnx.ModelProto) -> dict[str, OnnxTensor]:
     """Initializers under their torch parameter names, in file order. Graph constants
     (shapes, indices, scalars) are skipped."""
@@ -121,6 +130,9 @@ def read_onnx_tensors(model: onnx.ModelProto) -> dict[str, OnnxTensor]:
             # Neg+Exp of the parameter into this constant.
             target = f"{m['path'].replace('/', '.')}.logs"
             value = -np.log(value)
+        elif target is None and is_float and (affine := _negated_logs(uses)):
+            # The same, where the exporter folded only the Neg (an Exp node reads it).
+            target, value = f"{affine}.logs", -value
         if target is None:
             if is_float and value.size > 1:
                 raise VitsLoadError(
@@ -203,6 +215,7 @@ def config_from_tensors(tensors: dict[str, OnnxTensor], sample_rate: int) -> Vit
         )
 
     flow_layers = len(_indices(tensors, r"flow\.flows\.0\.enc\.in_layers\.(\d+)\.weight"))
+    n_speakers, gin_channels = shape("emb_g.weight") if "emb_g.weight" in tensors else (1, 0)
     return VitsConfig(
         n_vocab=n_vocab,
         hidden_channels=hidden,
@@ -230,6 +243,8 @@ def config_from_tensors(tensors: dict[str, OnnxTensor], sample_rate: int) -> Vit
         upsample_initial_channel=shape("dec.conv_pre.weight")[0],
         upsample_kernel_sizes=ups_kernels,
         sample_rate=sample_rate,
+        n_speakers=n_speakers,
+        gin_channels=gin_channels,
     )
 
 
@@ -267,13 +282,21 @@ def load_vits(
         proto = onnx.load(str(onnx_path))
     except Exception as e:  # onnx raises DecodeError and friends
         raise VitsLoadError(f"{onnx_path}: not a readable ONNX file ({e})") from e
-    if any(i.name == "sid" for i in proto.graph.input):
-        raise VitsLoadError(f"{onnx_path}: multi-speaker voices are not supported")
-
     json_path = Path(config_path) if config_path is not None else default_config_path(onnx_path)
     voice = read_voice_config(onnx_path, json_path) if json_path.exists() else None
     tensors = read_onnx_tensors(proto)
     cfg = config_from_tensors(tensors, voice.sample_rate if voice else VitsConfig.sample_rate)
+    takes_sid = any(i.name == "sid" for i in proto.graph.input)
+    if takes_sid != (cfg.n_speakers > 1):
+        raise VitsLoadError(
+            f"{onnx_path}: the graph {'takes' if takes_sid else 'takes no'} speaker id but has "
+            f"{cfg.n_speakers} speaker embeddings"
+        )
+    if voice and int(voice.raw.get("num_speakers", 1)) != cfg.n_speakers:
+        raise VitsLoadError(
+            f"{json_path}: num_speakers {voice.raw.get('num_speakers')} but the model has "
+            f"{cfg.n_speakers} speaker embeddings"
+        )
     if voice and voice.hop_length and voice.hop_length != cfg.hop_length:
         raise VitsLoadError(
             f"{json_path}: hop_length {voice.hop_length} but the decoder upsamples by "

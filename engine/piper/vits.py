@@ -58,6 +58,10 @@ class VitsConfig:
     upsample_initial_channel: int = 256
     upsample_kernel_sizes: tuple[int, ...] = (16, 16, 8)
     sample_rate: int = 22050
+    # Speakers. A multi-speaker voice embeds its speaker id into gin_channels and
+    # conditions the duration predictor, the flow's WaveNets and the decoder on it.
+    n_speakers: int = 1
+    gin_channels: int = 0
 
     @property
     def hop_length(self) -> int:
@@ -418,6 +422,7 @@ class StochasticDurationPredictor(nn.Module):
         self.pre = Conv(cfg.hidden_channels, fc, 1)
         self.convs = DDSConv(fc, cfg.dp_kernel_size, cfg.dp_n_layers)
         self.proj = Conv(fc, fc, 1)
+        self.cond = Conv(cfg.gin_channels, fc, 1) if cfg.gin_channels else None
         # Training layout: [affine, (convflow, flip) x n]. The convflow at index 1 is
         # skipped in reverse (VITS drops it as useless), so the export has no weights
         # for it; a ModuleDict keeps the training indices without a dead module.
@@ -428,10 +433,14 @@ class StochasticDurationPredictor(nn.Module):
             )
         self.n_flows = cfg.dp_n_flows
 
-    def reverse(self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """x: encoder output [B, H, 1, T]; noise [B, 2, 1, T], already scaled by noise_w
-        -> log-durations [B, 1, 1, T]."""
-        g = self.proj(self.convs(self.pre(x), mask)) * mask
+    def reverse(self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor,
+                speaker: torch.Tensor | None = None) -> torch.Tensor:
+        """x: encoder output [B, H, 1, T]; noise [B, 2, 1, T], already scaled by noise_w;
+        speaker: [B, G, 1, 1] embeddings, or None -> log-durations [B, 1, 1, T]."""
+        h = self.pre(x)
+        if self.cond is not None and speaker is not None:
+            h = h + self.cond(speaker)
+        g = self.proj(self.convs(h, mask)) * mask
         z = noise
         for i in reversed(range(1, self.n_flows)):
             z = cast(ConvFlow, self.flows[str(2 * i + 1)]).reverse(z.flip(1), mask, g)
@@ -445,11 +454,14 @@ class StochasticDurationPredictor(nn.Module):
 class WN(nn.Module):
     """Non-causal WaveNet: gated dilated convs with residual and skip paths."""
 
-    def __init__(self, hidden: int, kernel_size: int, dilation_rate: int, n_layers: int) -> None:
+    def __init__(self, hidden: int, kernel_size: int, dilation_rate: int, n_layers: int,
+                 gin_channels: int = 0) -> None:
         super().__init__()
         self.hidden = hidden
         self.in_layers = nn.ModuleList()
         self.res_skip_layers = nn.ModuleList()
+        # Every layer's gate input gets its own slice of one projection of the speaker.
+        self.cond_layer = Conv(gin_channels, 2 * hidden * n_layers, 1) if gin_channels else None
         for i in range(n_layers):
             d = dilation_rate**i
             pad = (kernel_size * d - d) // 2
@@ -458,12 +470,15 @@ class WN(nn.Module):
             out = 2 * hidden if i < n_layers - 1 else hidden
             self.res_skip_layers.append(Conv(hidden, out, 1))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, speaker: torch.Tensor | None = None) -> torch.Tensor:
         h = self.hidden
         skip = torch.zeros_like(x)
         last = len(self.in_layers) - 1
+        cond = self.cond_layer(speaker) if self.cond_layer is not None and speaker is not None else None
         for i, (in_layer, rs_layer) in enumerate(zip(self.in_layers, self.res_skip_layers)):
             a = in_layer(x)
+            if cond is not None:
+                a = a + cond[:, 2 * h * i : 2 * h * (i + 1)]
             acts = torch.tanh(a[:, :h]) * torch.sigmoid(a[:, h:])
             rs = rs_layer(acts)
             if i < last:
@@ -478,17 +493,17 @@ class ResidualCouplingLayer(nn.Module):
     """Mean-only affine coupling: the first half predicts a shift of the second."""
 
     def __init__(self, channels: int, hidden: int, kernel_size: int,
-                 dilation_rate: int, n_layers: int) -> None:
+                 dilation_rate: int, n_layers: int, gin_channels: int = 0) -> None:
         super().__init__()
         # Not ``half``: that would hide nn.Module.half().
         self.half_channels = channels // 2
         self.pre = Conv(self.half_channels, hidden, 1)
-        self.enc = WN(hidden, kernel_size, dilation_rate, n_layers)
+        self.enc = WN(hidden, kernel_size, dilation_rate, n_layers, gin_channels)
         self.post = Conv(hidden, self.half_channels, 1)
 
-    def reverse(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def reverse(self, x: torch.Tensor, mask: torch.Tensor, speaker: torch.Tensor | None = None) -> torch.Tensor:
         x0, x1 = x.split(self.half_channels, dim=1)
-        h = self.enc(self.pre(x0) * mask, mask)
+        h = self.enc(self.pre(x0) * mask, mask, speaker)
         m = self.post(h) * mask
         return torch.cat([x0, (x1 - m) * mask], dim=1)
 
@@ -502,16 +517,16 @@ class ResidualCouplingBlock(nn.Module):
             {
                 str(2 * i): ResidualCouplingLayer(
                     cfg.inter_channels, cfg.hidden_channels, cfg.flow_kernel_size,
-                    cfg.flow_dilation_rate, cfg.flow_n_layers,
+                    cfg.flow_dilation_rate, cfg.flow_n_layers, cfg.gin_channels,
                 )
                 for i in range(cfg.flow_n_flows)
             }
         )
         self.n_flows = cfg.flow_n_flows
 
-    def reverse(self, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def reverse(self, z: torch.Tensor, mask: torch.Tensor, speaker: torch.Tensor | None = None) -> torch.Tensor:
         for i in reversed(range(self.n_flows)):
-            z = cast(ResidualCouplingLayer, self.flows[str(2 * i)]).reverse(z.flip(1), mask)
+            z = cast(ResidualCouplingLayer, self.flows[str(2 * i)]).reverse(z.flip(1), mask, speaker)
         return z
 
 
@@ -568,10 +583,13 @@ class Generator(nn.Module):
                 self.resblocks.append(block(c_out, rk, tuple(rd)))
         self.conv_post = Conv(c_out, 1, 7, padding=3, bias=False)
         self.num_kernels = len(cfg.resblock_kernel_sizes)
+        self.cond = Conv(cfg.gin_channels, ch, 1) if cfg.gin_channels else None
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """z [B, C, 1, F] channels-last -> audio [B, 1, 1, F * hop]."""
+    def forward(self, z: torch.Tensor, speaker: torch.Tensor | None = None) -> torch.Tensor:
+        """z [B, C, 1, F] channels-last, speaker [B, G, 1, 1] or None -> audio [B, 1, 1, F * hop]."""
         x = self.conv_pre(z)
+        if self.cond is not None and speaker is not None:
+            x = x + self.cond(speaker)  # one vector per stream, the same at every frame
         k = self.num_kernels
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, LRELU_SLOPE))
@@ -603,6 +621,7 @@ class Vits(nn.Module):
         self.dp = StochasticDurationPredictor(cfg)
         self.flow = ResidualCouplingBlock(cfg)
         self.dec = Generator(cfg)
+        self.emb_g = nn.Embedding(cfg.n_speakers, cfg.gin_channels) if cfg.n_speakers > 1 else None
         self.hop_length = cfg.hop_length
         self.sample_rate = cfg.sample_rate
 
@@ -636,6 +655,21 @@ class Vits(nn.Module):
     def device(self) -> torch.device:
         return self.enc_p.emb.weight.device
 
+    @property
+    def n_speakers(self) -> int:
+        return self.cfg.n_speakers
+
+    def speaker_embedding(self, speakers: list[int | None]) -> torch.Tensor | None:
+        """Each stream's speaker (None: speaker 0) -> embeddings [B, G, 1, 1], float32;
+        None for a one-speaker voice. An id out of range raises ValueError."""
+        if self.emb_g is None:
+            return None
+        ids = [0 if s is None else s for s in speakers]
+        if not all(0 <= s < self.n_speakers for s in ids):
+            raise ValueError(f"speaker ids {ids} out of range: this voice has {self.n_speakers} speakers")
+        g = self.emb_g(torch.tensor(ids, dtype=torch.long, device=self.device))
+        return g[:, :, None, None].contiguous(memory_format=torch.channels_last)
+
     def _randn(self, shape: tuple[int, ...], generator: torch.Generator | None) -> torch.Tensor:
         return torch.randn(shape, generator=generator, device=self.device)
 
@@ -648,6 +682,7 @@ class Vits(nn.Module):
         noise_w: float,
         generator: torch.Generator | None = None,
         bucket: int = 1,
+        speaker: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Everything before the flow: z_p [1, C, F] and durations [T] (frames).
 
@@ -658,7 +693,7 @@ class Vits(nn.Module):
         kernels per input shape, so a server that sees every sentence length would pay
         that set-up on each new length and keep a cache entry for each."""
         ((z_p, durations),) = self.infer_priors([self._ids(phoneme_ids)[0]], noise_scale, [length_scale],
-                                                noise_w, [generator], bucket)
+                                                noise_w, [generator], bucket, [speaker])
         return z_p, durations
 
     @torch.inference_mode()
@@ -670,9 +705,11 @@ class Vits(nn.Module):
         noise_w: float,
         generators: list[torch.Generator | None] | None = None,
         bucket: int = 1,
+        speakers: list[int | None] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``infer_prior`` for several sentences in one batch, padded to the longest and
-        masked, each with its own length scale; the same results as one call each.
+        masked, each with its own length scale and speaker; the same results as one call
+        each.
 
         Each sentence draws its noise in its own shape from its own generator (None: the
         global one), so that with seeded generators the batch equals the calls one by one."""
@@ -693,7 +730,8 @@ class Vits(nn.Module):
         noise = torch.zeros((b, 2, t), device=self.device)
         for row, n in enumerate(padded):
             noise[row, :, :n] = self._randn((1, 2, n), gens[row])[0]
-        logw = self.dp.reverse(x, x_mask, to_cl(noise) * noise_w)
+        g = self.speaker_embedding(list(speakers) if speakers is not None else [None] * b)
+        logw = self.dp.reverse(x, x_mask, to_cl(noise) * noise_w, g)
         scales = torch.tensor(length_scales, device=self.device)[:, None]
         durations = torch.ceil(torch.exp(logw).flatten(1) * x_mask.flatten(1) * scales).long()
         # However odd the input, speech stays proportional to its phonemes.
@@ -720,13 +758,16 @@ class Vits(nn.Module):
         return out
 
     @torch.inference_mode()
-    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Prior sample -> decoder latent, [1, C, F] -> [1, C, F]; ``mask`` [1, 1, 1, F]
-        marks real frames (padding is zero and has no effect on them)."""
+    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None,
+                     speaker: torch.Tensor | None = None) -> torch.Tensor:
+        """Prior sample -> decoder latent, [B, C, F] -> [B, C, F]; ``mask`` [B, 1, 1, F]
+        marks real frames (padding is zero and has no effect on them); ``speaker``: each
+        row's ``speaker_embedding``."""
         dtype = self.dtype_of("flow")
         if mask is None:
             mask = z_p.new_ones(z_p.shape[0], 1, 1, z_p.shape[2])
-        return self.flow.reverse(to_cl(z_p.to(dtype)), mask.to(dtype)).squeeze(2).float()
+        g = speaker.to(dtype) if speaker is not None else None
+        return self.flow.reverse(to_cl(z_p.to(dtype)), mask.to(dtype), g).squeeze(2).float()
 
     @torch.inference_mode()
     def infer_latent(
@@ -736,18 +777,22 @@ class Vits(nn.Module):
         length_scale: float,
         noise_w: float,
         generator: torch.Generator | None = None,
+        speaker: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Phoneme ids [T] or [1, T] -> (z [1, C, F] ready for ``decode``, durations [T]
         int64 frames, summing to F; samples per phoneme = frames * hop_length)."""
         z_p, durations = self.infer_prior(
-            phoneme_ids, noise_scale, length_scale, noise_w, generator
+            phoneme_ids, noise_scale, length_scale, noise_w, generator, speaker=speaker
         )
-        return self.flow_reverse(z_p), durations
+        return self.flow_reverse(z_p, speaker=self.speaker_embedding([speaker])), durations
 
     @torch.inference_mode()
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """z [1, C, F] -> audio [1, F * hop_length] float32 in [-1, 1]."""
-        return self.dec(to_cl(z.to(self.dtype_of("dec")))).reshape(z.shape[0], -1).float()
+    def decode(self, z: torch.Tensor, speaker: torch.Tensor | None = None) -> torch.Tensor:
+        """z [B, C, F] -> audio [B, F * hop_length] float32 in [-1, 1]; ``speaker``: each
+        row's ``speaker_embedding``."""
+        dtype = self.dtype_of("dec")
+        g = speaker.to(dtype) if speaker is not None else None
+        return self.dec(to_cl(z.to(dtype)), g).reshape(z.shape[0], -1).float()
 
     @torch.inference_mode()
     def forward(
@@ -757,6 +802,7 @@ class Vits(nn.Module):
         length_scale: float,
         noise_w: float,
         generator: torch.Generator | None = None,
+        speaker: int | None = None,
     ) -> torch.Tensor:
-        z, _ = self.infer_latent(phoneme_ids, noise_scale, length_scale, noise_w, generator)
-        return self.decode(z)[0]
+        z, _ = self.infer_latent(phoneme_ids, noise_scale, length_scale, noise_w, generator, speaker)
+        return self.decode(z, self.speaker_embedding([speaker]))[0]

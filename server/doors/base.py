@@ -331,7 +331,7 @@ class Door:
         if refusal is None and budget is not None:
             refusal = budget.refusal(text)
         if refusal is not None:
-            self.refused(refusal.code, ids, settings.voice, text)
+            self.refused(refusal.code, ids, settings.voice, text, settings.speaker)
             raise refusal
         speech = self.pipeline.open(UtteranceRequest(self.name, text, final, settings, ids))
         if budget is not None:
@@ -347,9 +347,11 @@ class Door:
         budget.spend(text)
         speech.feed(text, final)
 
-    def refused(self, code: str, ids: dict[str, str], voice: str = "", text: str = "") -> None:
+    def refused(
+        self, code: str, ids: dict[str, str], voice: str = "", text: str = "", speaker: str | None = None,
+    ) -> None:
         """Record a new utterance this door turned away by its own rules (bad input, its limits)."""
-        self.pipeline.refused(self.name, code, ids, voice, text)
+        self.pipeline.refused(self.name, code, ids, voice, text, speaker)
 
     def speak(
         self, speech: Speech, deliver: Callable[[Event], Awaitable[None]], name: str,

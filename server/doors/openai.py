@@ -6,8 +6,9 @@ OpenAI), ``opus`` (Ogg Opus, 48 kHz), ``aac`` (ADTS), ``flac``, ``wav`` (16-bit 
 streaming header) and ``pcm`` (raw 16-bit little-endian mono at 24 kHz, as OpenAI sends
 it); each is streamed as it is encoded (server/audio.py). OpenAI's voice names
 ("alloy", ...) speak with the server's default voice; Voxwire's own voice ids work too,
-as a string or as OpenAI's voice object ``{"id": ...}``. ``model`` and ``instructions``
-are accepted and ignored: the loaded engine speaks. Optional fields may be null.
+as a string or as OpenAI's voice object ``{"id": ...}``, and ``VOICE:SPEAKER`` names a
+speaker of a multi-speaker voice. ``model`` and ``instructions`` are accepted and
+ignored: the loaded engine speaks. Optional fields may be null.
 Errors come in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 The body must be ``application/json`` and at most ``MAX_BODY_BYTES`` (server/bodies.py
 reads it no further). docs/protocol.md has the reference.
@@ -100,9 +101,11 @@ class Invalid(CodedError):
 class OpenAIRequest:
     text: str
     voice: str
-    """As the client named it; OpenAI's names are mapped once the engine is known."""
+    """As the client named it; OpenAI's names are mapped, and a ``VOICE:SPEAKER`` split,
+    once the engine is known."""
     fmt: str
     speed: float
+    speaker: str | None = None
 
 
 def optional(body: dict[str, Any], name: str, default: Any) -> Any:
@@ -192,6 +195,18 @@ def parse_request(body: object) -> OpenAIRequest:
     return OpenAIRequest(text=text, voice=voice, fmt=fmt, speed=speed_of(optional(body, "speed", 1.0)))
 
 
+def voice_and_speaker(engine: Engine, requested: str) -> tuple[str, str | None]:
+    """``VOICE:SPEAKER``: a multi-speaker voice's speaker (a name, or its id), after the
+    first ':' (or, for a voice whose id has one, after the first ':' that ends a voice's
+    id). A name the engine has as a voice is that voice, ':' or not. The speaker is
+    checked against the voice by the pipeline."""
+    if ":" not in requested or engine.has_voice(requested):
+        return requested, None
+    ids = [v.id for v in engine.voices() if requested.startswith(v.id + ":")]
+    voice = min(ids, key=len) if ids else requested.split(":", 1)[0]
+    return voice, requested[len(voice) + 1 :]
+
+
 def engine_voice(engine: Engine, requested: str, default: str) -> str:
     """OpenAI's voice names, unless the engine has a voice of that name, speak with the
     default (``""``: the engine's own). Any other name is checked by the pipeline."""
@@ -235,7 +250,11 @@ def wav_header(rate: int) -> bytes:
 
 
 # A refusal's HTTP status; everything the engine cannot do just now is a 503.
-_REFUSED_STATUS: dict[str, int] = {ErrorCode.OVERLOADED: 429, ErrorCode.UNKNOWN_VOICE: 400, ErrorCode.NO_VOICE: 400}
+_REFUSED_STATUS: dict[str, int] = {
+    ErrorCode.OVERLOADED: 429, ErrorCode.UNKNOWN_VOICE: 400, ErrorCode.UNKNOWN_SPEAKER: 400, ErrorCode.NO_VOICE: 400,
+}
+# Refusals of what ``voice`` named (its speaker included): ``param`` is "voice".
+_VOICE_CODES = (ErrorCode.UNKNOWN_VOICE, ErrorCode.UNKNOWN_SPEAKER, ErrorCode.NO_VOICE)
 
 
 class OpenAIDoor(Door):
@@ -262,13 +281,14 @@ class OpenAIDoor(Door):
         stream_format, media_type = FORMATS[asked.fmt]
         settings = StreamSettings(
             voice=asked.voice, format=stream_format, sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed,
+            speaker=asked.speaker,
         )
         try:
             # Its text is bounded by the request's own limit (MAX_INPUT_CHARS, parse_request).
             speech = self.open_utterance(asked.text, True, settings, ids)
         except Refused as e:
             status = _REFUSED_STATUS.get(e.code, 503)
-            param = "voice" if e.code in (ErrorCode.UNKNOWN_VOICE, ErrorCode.NO_VOICE) else None
+            param = "voice" if e.code in _VOICE_CODES else None
             return openai_error(status, e.message, e.code, param, e.retry_after_ms or None)
         return SpeechResponse(self, speech, asked.fmt == "wav", media_type, ids)
 
@@ -291,7 +311,9 @@ class OpenAIDoor(Door):
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         try:
             asked = parse_request(orjson.loads(raw))
-            return replace(asked, voice=engine_voice(self.pipeline.engine(), asked.voice, self.defaults().voice))
+            engine = self.pipeline.engine()
+            voice, speaker = voice_and_speaker(engine, asked.voice)
+            return replace(asked, voice=engine_voice(engine, voice, self.defaults().voice), speaker=speaker)
         except orjson.JSONDecodeError:
             self.refused(ErrorCode.INVALID_JSON, ids)
             return openai_error(400, "the body must be a JSON object", ErrorCode.INVALID_JSON)

@@ -119,3 +119,27 @@ def test_first_clause_words_is_a_stream_setting_from_zero_to_forty():
         }
     # The server's default is the segmenter's: the one the measurement chose.
     assert protocol.StreamSettings(voice="v").first_clause_words == SegmenterLimits().first_clause_words
+
+
+def test_speaker_is_a_stream_setting_a_name_an_id_or_null():
+    for value, kept in (("alice", "alice"), ("p 225", "p 225"), (2, "2"), (0, "0"), ("7", "7"), (None, None)):
+        speak = {"type": "speak", "ctx": "u1", "text": "x", "speaker": value}
+        for data in (j(speak), msgpack.packb(speak)):
+            assert protocol.parse(data).settings == {"speaker": kept}
+        assert protocol.parse(j({"type": "config", "speaker": value})) == Configure({"speaker": kept})
+    assert protocol.StreamSettings(voice="v").speaker is None
+    assert protocol.StreamSettings(voice="v", speaker="bob").to_dict()["speaker"] == "bob"  # configured, started
+    # null in a speak takes an utterance back to the voice's default speaker.
+    assert protocol.with_overrides(protocol.StreamSettings(voice="v", speaker="bob"), {"speaker": None}).speaker is None
+
+
+@pytest.mark.parametrize(
+    "value", ["", "x" * (protocol.MAX_SPEAKER_CHARS + 1), -1, 1.0, True, False, ["alice"], {"name": "alice"}]
+)
+def test_a_bad_speaker_is_invalid_field_naming_it_and_the_ctx(value):
+    for kind in ("speak", "config"):
+        with pytest.raises(ProtocolError) as e:
+            protocol.parse(j({"type": kind, "ctx": "u9", "text": "x", "speaker": value} if kind == "speak"
+                             else {"type": kind, "speaker": value}))
+        assert e.value.code == "invalid_field" and "speaker" in e.value.message
+        assert e.value.ctx == ("u9" if kind == "speak" else None)

@@ -1,5 +1,6 @@
 """Voice registration over HTTP and cloned voices over the socket, with CosyVoice2 on a
-tiny random-weight model (the real architecture, reduced), through a real server."""
+tiny random-weight model (the real architecture, reduced), through a real server; and
+the voice list, with a multi-speaker voice's speakers (the scripted tone engine)."""
 
 from __future__ import annotations
 
@@ -491,3 +492,13 @@ async def test_one_registry_no_voice_yet_then_exactly_one_201(tmp_path):
         assert listed["default"] == voice_id and [v["name"] for v in listed["voices"]] == ["same"]
         async with websockets.connect(s.ws) as ws:
             assert orjson.loads(await ws.recv())["defaults"]["voice"] == voice_id  # picked up without a restart
+
+
+async def test_the_voice_list_and_ready_name_each_voices_speakers(speakers_server):
+    async with httpx.AsyncClient(base_url=speakers_server.http, timeout=30) as http:
+        listed = (await http.get("/v1/voices")).json()
+    async with await Client.connect(speakers_server.ws) as client:
+        ready = client.ready
+    for voices in (listed["voices"], ready["voices"]):
+        # At their speaker ids, which protocol v1 also takes; a one-speaker voice lists none.
+        assert {v["id"]: v["speakers"] for v in voices} == {"tone": [], "chorus": ["alice", "bob", "carol"]}

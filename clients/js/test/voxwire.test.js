@@ -26,6 +26,19 @@ test('connects on first use, queues messages until open, exposes ready', async (
   }]);
 });
 
+test('a speaker goes with the voice, from the defaults or the speak, as a stream setting', async () => {
+  FakeSocket.last = null;
+  const vx = connect({ voice: 'chorus', speaker: 'bob' });
+  const u1 = vx.speak('One.');
+  const u2 = vx.speak('Two.', { speaker: 2 });
+  const u3 = vx.stream({ speaker: null }); // the voice's default speaker
+  const ws = FakeSocket.last;
+  ws.open();
+  await vx.ready;
+  assert.deepEqual(ws.sent.map((m) => [m.ctx, m.voice, m.speaker]),
+    [[u1.ctx, 'chorus', 'bob'], [u2.ctx, 'chorus', 2], [u3.ctx, 'chorus', null]]);
+});
+
 test('unknown settings are refused before anything is sent', () => {
   const vx = connect();
   assert.throws(() => vx.speak('x', { sampleRat: 16000 }), /unknown stream setting "sampleRat"/);

@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("--url", default=DEFAULT_URL,
                      help="server WebSocket URL; http(s):// is taken as ws(s):// (default: %(default)s)")
     say.add_argument("--voice", help="voice id (default: the server's)")
+    say.add_argument("--speaker", help="a multi-speaker voice's speaker, by name or number (default: the voice's)")
     say.add_argument("--format", choices=(*PCM_FORMATS, *COMPRESSED), help="audio encoding (default: by -o's extension)")
     say.add_argument("--sample-rate", type=int, help="output sample rate, 8000-48000")
     say.add_argument("--chunk-ms", type=int, help="chunk duration, 150-250 ms")
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, Any] = {
         k: v
         for k, v in {
-            "voice": args.voice, "format": fmt, "sample_rate": args.sample_rate,
+            "voice": args.voice, "speaker": args.speaker, "format": fmt, "sample_rate": args.sample_rate,
             "chunk_ms": args.chunk_ms, "speed": args.speed, "timestamps": args.timestamps or None,
         }.items()
         if v is not None

@@ -5,6 +5,9 @@
 
     session = AgentSession(tts=TTS(url="ws://tts.internal:8000/v1/stream", voice="joe"), ...)
 
+``speaker`` names a multi-speaker voice's speaker (a name from its ``speakers`` in
+``GET /v1/voices``, or its number).
+
 ``pip install "voxwire-client[livekit]"``. ``url`` and ``api_key`` default to the
 ``VOXWIRE_URL`` and ``VOXWIRE_API_KEY`` environment variables; the key travels in the
 ``Authorization`` header, never in the URL.
@@ -80,6 +83,7 @@ _STATUS = {
 @dataclass
 class _Options:
     voice: str | None
+    speaker: str | int | None
     speed: float | None
     chunk_ms: int | None
     first_clause_words: int | None
@@ -92,14 +96,16 @@ class TTS(tts.TTS):
         url: str | None = None,
         api_key: str | None = None,
         voice: str | None = None,
+        speaker: str | int | None = None,
         speed: float | None = None,
         sample_rate: int = 24000,
         chunk_ms: int | None = None,
         first_clause_words: int | None = None,
     ) -> None:
-        """``voice``, ``speed``, ``chunk_ms`` and ``first_clause_words`` (how many words a
-        first clause needs to be spoken before its sentence ends; 0 waits for the
-        sentence) left out take the server's defaults.
+        """``voice``, ``speaker`` (of a multi-speaker voice: a name, or its number),
+        ``speed``, ``chunk_ms`` and ``first_clause_words`` (how many words a first clause
+        needs to be spoken before its sentence ends; 0 waits for the sentence) left out
+        take the server's defaults (for ``speaker``, the voice's default speaker).
         ``sample_rate`` (8000-48000) is asked of the server, which resamples; 24 kHz is
         CosyVoice2's own rate, above Piper's 22.05 kHz, and the usual one of LiveKit's
         TTS plugins."""
@@ -112,7 +118,9 @@ class TTS(tts.TTS):
         self._api_key = api_key or os.environ.get("VOXWIRE_API_KEY") or None
         if self._api_key:
             bearer_header(self._api_key)  # a key no header can carry fails here, not at each connect
-        self._opts = _Options(voice=voice, speed=speed, chunk_ms=chunk_ms, first_clause_words=first_clause_words)
+        self._opts = _Options(
+            voice=voice, speaker=speaker, speed=speed, chunk_ms=chunk_ms, first_clause_words=first_clause_words
+        )
         self._client: Client | None = None
         self._connect_lock = asyncio.Lock()
         self._streams: weakref.WeakSet[SynthesizeStream] = weakref.WeakSet()
@@ -130,14 +138,18 @@ class TTS(tts.TTS):
         self,
         *,
         voice: NotGivenOr[str] = NOT_GIVEN,
+        speaker: NotGivenOr[str | int | None] = NOT_GIVEN,
         speed: NotGivenOr[float] = NOT_GIVEN,
         chunk_ms: NotGivenOr[int] = NOT_GIVEN,
         first_clause_words: NotGivenOr[int] = NOT_GIVEN,
     ) -> None:
         """For the streams and ``synthesize`` calls made from now on: an utterance's
-        settings are fixed by its first message."""
+        settings are fixed by its first message. ``speaker=None``: the voice's default
+        speaker again (a speaker belongs to its voice: a new voice may want it reset)."""
         if utils.is_given(voice):
             self._opts.voice = voice
+        if utils.is_given(speaker):
+            self._opts.speaker = speaker
         if utils.is_given(speed):
             self._opts.speed = speed
         if utils.is_given(chunk_ms):

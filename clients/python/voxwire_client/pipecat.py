@@ -9,7 +9,7 @@ timings as Pipecat frames.
     tts = VoxwireTTSService(
         url="ws://127.0.0.1:8000/v1/stream",
         api_key=os.environ.get("VOXWIRE_API_KEY"),  # for a server started with keys
-        settings=VoxwireTTSService.Settings(voice="joe", speed=1.1),
+        settings=VoxwireTTSService.Settings(voice="joe", speed=1.1),  # speaker= for a multi-speaker voice
     )
     pipeline = Pipeline([transport.input(), stt, user_aggregator, llm, tts,
                          transport.output(), assistant_aggregator])
@@ -28,9 +28,10 @@ the server fails it) ends with an ErrorFrame, the rest of its text is neither sp
 put in the assistant's context, and only its heard words are. A dropped connection is
 reopened with Pipecat's backoff; once Pipecat has given up (the service unusable), each
 new turn tries the server again and speaks if it is back. A voice set while running that
-the server does not know falls back to the last voice it spoke with; one refused from the
-start is a setting to fix, as a refused API key is (never retried). A turn the service
-cannot speak gets an ErrorFrame, not silence.
+the server does not know falls back to the last voice (and speaker) it spoke with, and a
+speaker the voice does not have to the last one it spoke with in that voice, else to the
+voice's default speaker; one refused from the start is a setting to fix, as a refused API
+key is (never retried). A turn the service cannot speak gets an ErrorFrame, not silence.
 Settings changed while running (``TTSUpdateSettingsFrame``) apply from the next utterance.
 
 Pipecat members used beyond its public API (pyproject.toml bounds the version for them):
@@ -82,8 +83,8 @@ __all__ = ["VoxwireTTSService", "VoxwireTTSSettings"]
 _CATEGORIES = {
     code: category
     for category, codes in {
-        ErrorCategory.INVALID_REQUEST: "unknown_voice no_voice invalid_field invalid_format invalid_sample_rate "
-        "unsupported_sample_rate invalid_chunk_ms invalid_speed",
+        ErrorCategory.INVALID_REQUEST: "unknown_voice unknown_speaker no_voice invalid_field invalid_format "
+        "invalid_sample_rate unsupported_sample_rate invalid_chunk_ms invalid_speed",
         ErrorCategory.RATE_LIMIT: "rate_limited overloaded too_many_utterances",
         ErrorCategory.QUOTA: "session_text_limit",
         ErrorCategory.SERVER: "engine_error engine_timeout engine_restarted not_ready shutting_down",
@@ -100,6 +101,8 @@ class VoxwireTTSSettings(TTSSettings):
 
     Parameters:
         voice: A voice id from the server's ``ready.voices`` (``GET /v1/voices``).
+        speaker: A multi-speaker voice's speaker: a name from its ``speakers`` there, or
+            its number; ``None``: the voice's default speaker.
         speed: 0.5 to 2.0.
         fast_start: CosyVoice2's sooner first chunk, at some cost in voice likeness
             (docs/protocol.md); ``None``: the voice's own default.
@@ -107,6 +110,7 @@ class VoxwireTTSSettings(TTSSettings):
             speak it before its sentence ends; 0 waits for the sentence (docs/protocol.md).
     """
 
+    speaker: str | int | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     speed: float | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     fast_start: bool | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     first_clause_words: int | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
@@ -130,6 +134,7 @@ class _Stream:
     closed: bool = False  # its audio context has been ended
     text: list[str] = field(default_factory=list)  # as given, to speak it again in another voice
     voice: str | None = None  # the voice asked for
+    speaker: str | None = None  # the speaker asked for (as the server shows it: an id as its digits)
     attempt: int = 0
     reopening: bool = False  # a second utterance is being opened: it takes the text meanwhile
     pending: list[dict[str, Any]] = field(default_factory=list)  # timed words whose audio has not come
@@ -193,7 +198,8 @@ class VoxwireTTSService(WebsocketTTSService):
         if api_key is not None:
             bearer_header(api_key)  # a key no header can carry fails here, not at the first turn
         store = VoxwireTTSSettings(
-            model=None, voice=None, language=None, speed=None, fast_start=None, first_clause_words=None
+            model=None, voice=None, language=None, speaker=None, speed=None, fast_start=None,
+            first_clause_words=None,
         )
         if settings is not None:
             store.apply_update(settings)
@@ -222,6 +228,7 @@ class VoxwireTTSService(WebsocketTTSService):
         self._closing = False  # stopping on purpose: a closed socket is no failure then
         self._failed_turn: str | None = None  # an LLM turn whose speech failed while its text still comes
         self._spoken_voice: str | None = None  # the last voice the server spoke with
+        self._spoken_speaker: str | None = None  # and its speaker (None: the voice's default)
         self._verdict: _Verdict | None = None
         self._last_try: Exception | None = None  # why the last turn could not reconnect
 
@@ -366,6 +373,7 @@ class VoxwireTTSService(WebsocketTTSService):
         options = self._options()
         settings = {
             "voice": options.voice,
+            "speaker": options.speaker,
             "speed": options.speed,
             "fast_start": options.fast_start,
             "first_clause_words": options.first_clause_words,
@@ -375,6 +383,7 @@ class VoxwireTTSService(WebsocketTTSService):
         if client.ready.get("features", {}).get("timestamps"):
             settings["timestamps"] = True
         stream.voice = options.voice if isinstance(options.voice, str) else None
+        stream.speaker = _speaker(options.speaker)
         # A new ctx for a second attempt: text that followed a refused first speak may
         # have opened an utterance under the first one.
         ctx = context_id if not stream.attempt else f"{context_id}~{stream.attempt}"
@@ -417,6 +426,7 @@ class VoxwireTTSService(WebsocketTTSService):
                     await self._release_words(stream, context_id, received_ms)
                 elif item.type == "started":
                     self._spoken_voice = item.data.get("voice", self._spoken_voice)
+                    self._spoken_speaker = item.data.get("speaker")
                 elif item.type == "timestamps":
                     # Sent just before the audio they begin in: held until that has come,
                     # so that a connection lost in between tells no word that was not heard.
@@ -449,20 +459,42 @@ class VoxwireTTSService(WebsocketTTSService):
             await self.add_word_timestamps([(w["word"], w["start_ms"] / 1000) for w in ready], context_id)
 
     async def _fall_back(self, stream: _Stream, context_id: str, e: ServerError) -> bool:
-        """An unknown voice chosen while running: speak the turn with the last voice the
-        server spoke with, and keep it, rather than leave this turn and the next silent."""
-        fallback = self._spoken_voice
+        """An unknown voice chosen while running: speak the turn with the last voice (and
+        speaker) the server spoke with, and keep it, rather than leave this turn and the
+        next silent. An unknown speaker: the same voice, with the last speaker the server
+        spoke with in it, else the voice's default speaker (one every voice has). Either
+        refused before the server has spoken at all is a setting to fix, not repaired."""
         utterance = stream.utterance
-        if (
-            e.code != "unknown_voice" or fallback is None or fallback == stream.voice
-            or utterance is None or utterance.started is not None or stream.cancelled
-        ):
+        if utterance is None or utterance.started is not None or stream.cancelled:
+            return False
+        options = self._options()
+        if e.code == "unknown_voice":
+            voice, speaker = self._spoken_voice, self._spoken_speaker
+            if voice is None or voice == stream.voice:
+                return False
+            options.voice, options.speaker = voice, speaker
+            instead = f"{voice!r}" + (f" (speaker {speaker!r})" if speaker is not None else "")
+            said = f"speaking with {instead}, the last voice the server spoke with,"
+        elif e.code == "unknown_speaker":
+            if self._spoken_voice is None:
+                return False  # refused before anything was spoken: a setting to fix
+            same_voice = stream.voice is None or stream.voice == self._spoken_voice
+            last = self._spoken_speaker if same_voice else None
+            speaker = last if last != stream.speaker else None
+            if speaker == stream.speaker:
+                return False
+            options.speaker = speaker
+            voice = stream.voice or self._spoken_voice
+            named = f"{voice!r}" if voice is not None else "the default voice"
+            said = (
+                f"speaking {named} with speaker {speaker!r}, the last one the server spoke with in it,"
+                if speaker is not None else f"speaking {named} with its default speaker"
+            )
+        else:
             return False
         stream.reopening = True  # before any await: text that comes now waits for the new utterance
-        self._options().voice = fallback
         await self.push_error(
-            f"{self} Voxwire error unknown_voice: {e.message}; speaking with {fallback!r}, the last voice "
-            f"the server spoke with, until the settings name another",
+            f"{self} Voxwire error {e.code}: {e.message}; {said} until the settings name another",
             # The application's setting, repaired here: the service itself is fine.
             category=ErrorCategory.APPLICATION,
         )
@@ -574,3 +606,10 @@ class VoxwireTTSService(WebsocketTTSService):
         if client is None:
             raise ConnectionError(f"{self} is not connected")
         await client.wait_closed()
+
+
+def _speaker(value: object) -> str | None:
+    """A speaker setting as the server shows it (``started.speaker``): an id as its digits."""
+    if isinstance(value, bool) or value is None:
+        return None
+    return str(value) if isinstance(value, (str, int)) else None

@@ -57,6 +57,6 @@ async def synthesize_async(text: str, url: str = DEFAULT_URL, api_key: str | Non
 
 
 def synthesize(text: str, url: str = DEFAULT_URL, api_key: str | None = None, **settings: Any) -> Result:
-    """Speak ``text`` through a Voxwire server; settings: voice, format, sample_rate, ...
+    """Speak ``text`` through a Voxwire server; settings: voice, speaker, format, sample_rate, ...
     ``api_key``: for a server started with keys (sent as ``Authorization: Bearer``)."""
     return asyncio.run(synthesize_async(text, url, api_key=api_key, **settings))

@@ -161,9 +161,10 @@ class Session:
     async def _config(self, message: Configure) -> None:
         settings = protocol.with_overrides(self.defaults, message.settings)
         try:
-            # The voice is checked only when this config names one: with no voice yet (a
-            # cloning engine), the other settings still apply.
-            self.pipeline.resolve(settings, check_voice="voice" in message.settings)
+            # The voice is checked only when this config names one, or a speaker of it:
+            # with no voice yet (a cloning engine), the other settings still apply.
+            names = "voice" in message.settings or message.settings.get("speaker") is not None
+            self.pipeline.resolve(settings, check_voice=names)
         except Refused as e:
             raise _protocol_error(e, None) from None
         self.defaults = settings

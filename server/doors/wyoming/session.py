@@ -25,7 +25,9 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from voxwire.engine.base import EngineError
 from voxwire.engine.errors import ErrorCode, quoted
 from voxwire.server.doors.base import Conversation, Door
-from voxwire.server.doors.wyoming.wire import CHANNELS, WIDTH, BadEvent, BadField, error, info, text_of, voice_of
+from voxwire.server.doors.wyoming.wire import (
+    CHANNELS, WIDTH, BadEvent, BadField, error, info, speaker_of, text_of, voice_of,
+)
 from voxwire.server.framing import AudioFrame, DoneEvent, Event as SpeechEvent, FailedEvent
 from voxwire.server.pipeline import Refused
 from voxwire.server.protocol import StreamSettings
@@ -131,15 +133,15 @@ class WyomingSession(Conversation[Received]):
                 return True
             # Read here rather than by Synthesize.from_event, which takes a voice of the
             # wrong shape for no voice at all, and the default voice would speak unasked.
-            text, voice = text_of(event.data["text"]), voice_of(event.data)
+            text, voice, speaker = text_of(event.data["text"]), voice_of(event.data), speaker_of(event.data)
             if await self._busy():
                 return True
-            return await self._open(text, voice, event.data.get("text_format"), final=True)
+            return await self._open(text, voice, speaker, event.data.get("text_format"), final=True)
         elif SynthesizeStart.is_type(event.type):
-            voice = voice_of(event.data)
+            voice, speaker = voice_of(event.data), speaker_of(event.data)
             if await self._busy():
                 return True
-            if not await self._open("", voice, event.data.get("text_format"), final=False):
+            if not await self._open("", voice, speaker, event.data.get("text_format"), final=False):
                 return False
             self._streaming = True
         elif SynthesizeChunk.is_type(event.type):
@@ -157,11 +159,12 @@ class WyomingSession(Conversation[Received]):
         await self.send(error(ErrorCode.BUSY, "one utterance at a time on a connection; open another for more"))
         return True
 
-    async def _open(self, text: str, voice: str, text_format: object, final: bool) -> bool:
-        """Open an utterance and start sending it; False (after an error): close."""
+    async def _open(self, text: str, voice: str, speaker: str | None, text_format: object, final: bool) -> bool:
+        """Open an utterance and start sending it (``voice`` "": the default one; ``speaker``
+        None: the voice's default); False (after an error): close."""
         self._count += 1
         ids = {"session": self.id, "utterance": str(self._count)}
-        settings = replace(self.settings, voice=voice) if voice else self.settings
+        settings = replace(self.settings, voice=voice or self.settings.voice, speaker=speaker)
         try:
             speech = self.door.open_utterance(text, final, settings, ids, self._budget, refusal=_format_refusal(text_format))
         except Refused as e:

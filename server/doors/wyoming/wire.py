@@ -4,7 +4,8 @@ Wyoming is a JSON-lines-plus-binary protocol over TCP (the ``wyoming`` package o
 a JSON header line, then ``data_length`` bytes of JSON merged into its data, then
 ``payload_length`` bytes. Events are written with that package's own classes; they are
 read here (``read_event``), because its reader believes the lengths a header claims.
-``info`` answers ``describe``; ``text_of`` and ``voice_of`` read a request's fields.
+``info`` answers ``describe``; ``text_of``, ``voice_of`` and ``speaker_of`` read a
+request's fields.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from importlib import metadata
 import orjson
 from wyoming.error import Error
 from wyoming.event import Event
-from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
+from wyoming.info import Attribution, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
 
 from voxwire.engine.base import Engine
 from voxwire.engine.errors import CodedError, ErrorCode
@@ -99,12 +100,15 @@ def _version() -> str | None:
 
 
 def info(engine: Engine) -> Info:
-    """``info``: one TTS program, with the engine's voices by id and language."""
+    """``info``: one TTS program, with the engine's voices by id and language, and a
+    multi-speaker voice's speakers by name (as wyoming-piper lists them; none for a
+    voice with one speaker)."""
     attribution = Attribution(name="Voxwire", url="")
     voices = [
         TtsVoice(
             name=v.id, attribution=attribution, installed=True, description=v.name or v.id, version=None,
             languages=[v.language] if v.language else [],
+            speakers=[TtsVoiceSpeaker(name=speaker) for speaker in v.speakers] or None,
         )
         for v in engine.voices()
     ]
@@ -142,6 +146,24 @@ def voice_of(data: dict[str, object]) -> str:
     if not isinstance(name, str):
         raise BadField(f"'voice.name' must be a voice id from info (a string), not {_kind(name)}")
     return name
+
+
+def speaker_of(data: dict[str, object]) -> str | None:
+    """The speaker a ``synthesize`` or ``synthesize-start`` asks for (``voice.speaker``, a
+    name from ``info``, or a speaker's id), None for the voice's default (no speaker, or
+    an empty one). Call after ``voice_of``, which checks that ``voice`` is an object.
+    Raises ``BadField``."""
+    voice = data.get("voice")
+    speaker = voice.get("speaker") if isinstance(voice, dict) else None
+    if speaker is None or speaker == "":
+        return None
+    if isinstance(speaker, int) and not isinstance(speaker, bool):
+        if speaker < 0:
+            raise BadField("'voice.speaker' as a number must be a speaker's number from 0 up")
+        return str(speaker)
+    if not isinstance(speaker, str):
+        raise BadField(f"'voice.speaker' must be a speaker's name from info (or its number), not {_kind(speaker)}")
+    return speaker
 
 
 def _kind(value: object) -> str:

@@ -15,6 +15,8 @@ import soundfile
 from voxwire.engine.registry import EngineOptions
 from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
+from tests.fixtures.engines import RATE as TONE_RATE
+from tests.fixtures.engines import dominant_pitches, speaker_pitch
 from tests.server.test_stream import SENTENCE, assert_speech
 from voxwire_client import synthesize
 from voxwire_client.client import Closed
@@ -200,3 +202,16 @@ def test_say_sends_an_api_key_from_the_flag_or_the_environment(keyed_server, tmp
     with pytest.raises(Closed) as e:
         synthesize(text, keyed_server.ws, api_key=WRONG)
     assert e.value.refused and "Authorization: Bearer KEY" in e.value.reason
+
+
+def test_say_speaks_the_speaker_asked_for(speakers_server, tmp_path):
+    out = tmp_path / "bob.wav"
+    run = say(speakers_server, "mike november.", "-o", str(out), "--voice", "chorus", "--speaker", "bob",
+              "--sample-rate", str(TONE_RATE))
+    assert run.returncode == 0, run.stderr
+    audio, _ = soundfile.read(str(out), dtype="float32")
+    assert dominant_pitches(np.asarray(audio)) == pytest.approx(
+        [speaker_pitch(w, 1) for w in ("mike", "november")], abs=15
+    )
+    refused = say(speakers_server, "mike.", "-o", str(tmp_path / "x.wav"), "--voice", "chorus", "--speaker", "dave")
+    assert refused.returncode == 1 and "unknown_speaker" in refused.stderr

@@ -21,10 +21,11 @@ from voxwire.server.config import ServerConfig
 from voxwire.server.limits import Limits
 from tests.conftest import run_server
 from tests.fixtures.waiting import wait_until
-from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitches, word_pitch
+from tests.fixtures.engines import RATE, WORD_SECONDS, ToneEngine, dominant_pitches, speaker_pitch, word_pitch
 from tests.server.test_stream import SEVERAL, assert_speech
 from voxwire_client import Audio, Client, ServerError, Utterance
 from voxwire_client.client import Closed
+from voxwire_client.sync import synthesize_async
 
 READY = {"type": "ready", "defaults": {"format": "pcm_s16le", "sample_rate": 16000}}
 
@@ -348,3 +349,24 @@ async def test_paced_streams_share_a_socket_without_being_rate_limited():
     # The text was coalesced: far fewer messages than tokens, and none dropped.
     speaks = [m for m in sent if m["type"] == "speak"]
     assert len(speaks) < STREAMS * TOKENS / 2
+
+
+async def test_speaker_goes_to_the_server_from_speak_configure_and_the_sync_helper(speakers_server):
+    words = ("kilo", "lima")
+    text = " ".join(words) + "."
+
+    def by(audio: np.ndarray, speaker_id: int) -> bool:
+        return dominant_pitches(audio) == pytest.approx([speaker_pitch(w, speaker_id) for w in words], abs=15)
+
+    async with await Client.connect(speakers_server.ws) as client:
+        configured = await client.configure(voice="chorus", speaker="carol")
+        frames, _ = await (await client.speak(text, sample_rate=RATE)).collect()
+        spoken = await client.speak(text, sample_rate=RATE, speaker=1)
+        bob, _ = await spoken.collect()
+        with pytest.raises(ServerError) as refused:
+            await client.configure(speaker="dave")
+    assert configured["speaker"] == "carol" and spoken.started is not None and spoken.started["speaker"] == "1"
+    assert by(np.concatenate([f.to_float32() for f in frames]), 2) and by(np.concatenate([f.to_float32() for f in bob]), 1)
+    assert refused.value.code == "unknown_speaker"
+    result = await synthesize_async(text, speakers_server.ws, voice="chorus", speaker="bob", sample_rate=RATE)
+    assert by(result.audio, 1)

@@ -1,6 +1,7 @@
 """The LiveKit Agents plugin (voxwire_client.livekit) driven by the real framework's
 stream and chunked-stream machinery, against a real Voxwire server on loopback: Piper for
-speech and word timings, the tone engine where a server with API keys is needed."""
+speech and word timings, the tone engine where a server with API keys is needed, and its
+multi-speaker variant for the ``speaker`` option."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from livekit.agents.voice import io
 from voxwire.server.config import AuthConfig, ServerConfig
 from voxwire.server.limits import Limits
 from tests.conftest import RunningServer, run_server
-from tests.fixtures.engines import WORD_SECONDS, ToneEngine
+from tests.fixtures.engines import WORD_SECONDS, ToneEngine, dominant_pitches, speaker_pitch
 from tests.server.test_metrics import scrape
 from tests.server.test_stream import ONE_LONG_SENTENCE, SENTENCE, SEVERAL, assert_speech
 from voxwire_client.livekit import TTS
@@ -346,4 +347,31 @@ async def test_server_errors_are_api_errors_with_their_code(piper_server):
         await asyncio.wait_for(drain(stream), 10)
     assert e.value.message.startswith("text_too_long:")
     await until(lambda: piper_server.service.admission.utterances == 0)
+    await tts.aclose()
+
+
+async def test_the_speaker_option_is_spoken_and_updated(speakers_server):
+    text = "romeo sierra tango."
+
+    async def spoken_by(speaker_id: int) -> bool:
+        frame = await tts.synthesize(text).collect()
+        expected = [speaker_pitch(w, speaker_id) for w in words(text)]
+        return dominant_pitches(samples([frame]), 16000) == pytest.approx(expected, abs=15)
+
+    tts = TTS(url=speakers_server.ws, voice="chorus", speaker="bob", sample_rate=16000)
+    assert await spoken_by(1)
+    tts.update_options(speaker=2)  # its number
+    assert await spoken_by(2)
+    stream = tts.stream()  # a stream takes it too
+    stream.push_text(text)
+    stream.end_input()
+    events = [ev async for ev in stream]
+    assert dominant_pitches(samples([ev.frame for ev in events]), 16000) == pytest.approx(
+        [speaker_pitch(w, 2) for w in words(text)], abs=15)
+    tts.update_options(speaker=None)  # the voice's default speaker
+    assert await spoken_by(0)
+    tts.update_options(speaker="dave")
+    with pytest.raises(APIStatusError) as e:
+        await tts.synthesize(text, conn_options=NO_RETRY).collect()
+    assert e.value.status_code == 400 and not e.value.retryable and e.value.message.startswith("unknown_speaker:")
     await tts.aclose()

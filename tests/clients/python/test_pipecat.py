@@ -3,7 +3,8 @@ server (Piper) on loopback: speech and timed words from a TTSSpeakFrame and from
 streamed tokens, a barge-in, a dropped connection and a crash mid-turn (what reaches the
 assistant's context), an outage longer than Pipecat's reconnecting (a server process
 killed and started again), many turns on one socket, server errors, an unknown voice set
-while running, and a refused API key."""
+while running, and a refused API key; and a multi-speaker voice's speaker, set and
+changed while running, and an unknown one (the scripted tone engine)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from pipecat.workers.runner import WorkerRunner
 
 from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import free_port, run_server
-from tests.fixtures.engines import WORD_SECONDS, ToneEngine
+from tests.fixtures.engines import WORD_SECONDS, ToneEngine, dominant_pitches, speaker_pitch
 from tests.server.test_stream import ONE_LONG_SENTENCE, SENTENCE, SEVERAL, assert_speech
 from voxwire_client.pipecat import VoxwireTTSService
 
@@ -559,3 +560,74 @@ async def test_an_engine_without_word_timings_still_gives_the_spoken_text(locked
     spoken = [f for f in turn if isinstance(f, TTSTextFrame)]
     assert [w for f in spoken for w in words(f.text)] == words(text)
     assert turn.index(spoken[0]) > turn.index(audio[0])  # after the audio it names
+
+
+# -- a multi-speaker voice's speaker (the tone engine's "chorus") -----------------------------
+
+
+SPEAKER_TURN = "oscar papa quebec."
+
+
+def spoken_by(frames: list[Frame], speaker_id: int, text: str = SPEAKER_TURN) -> bool:
+    """Whether the turn's audio in ``frames`` (at 16 kHz) is ``text`` as that speaker says it."""
+    pcm = b"".join(f.audio for f in frames if isinstance(f, TTSAudioRawFrame))
+    audio = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
+    return dominant_pitches(audio, 16000) == pytest.approx([speaker_pitch(w, speaker_id) for w in words(text)], abs=15)
+
+
+async def test_the_speaker_setting_is_spoken_and_changes_while_running(speakers_server):
+    tts = VoxwireTTSService(url=speakers_server.ws, settings=VoxwireTTSService.Settings(voice="chorus", speaker="bob"))
+    async with running(tts) as (worker, up, down):
+        await worker.queue_frame(TTSSpeakFrame(SPEAKER_TURN))
+        await until(lambda: stops(down) == 1, "the first turn")
+        second = len(down.seen())
+        await worker.queue_frame(TTSUpdateSettingsFrame(delta=VoxwireTTSService.Settings(speaker=2)))
+        await worker.queue_frames(llm_turn(SPEAKER_TURN))
+        await until(lambda: stops(down) == 2, "the second turn")
+        assert not errors(up.seen(FrameDirection.UPSTREAM))
+        assert spoken_by(down.seen()[:second], 1) and spoken_by(down.seen()[second:], 2)
+
+
+async def test_an_unknown_speaker_set_while_running_falls_back_to_the_last_speaker_spoken(speakers_server):
+    tts = VoxwireTTSService(url=speakers_server.ws, settings=VoxwireTTSService.Settings(voice="chorus", speaker="bob"))
+    async with running(tts) as (worker, up, down):
+        await worker.queue_frame(TTSSpeakFrame(SPEAKER_TURN))
+        await until(lambda: stops(down) == 1, "the first turn")
+        await worker.queue_frame(TTSUpdateSettingsFrame(delta=VoxwireTTSService.Settings(speaker="dave")))
+        for turn in (2, 3):
+            before = len(down.seen())
+            await worker.queue_frames(llm_turn(SPEAKER_TURN) if turn == 2 else [TTSSpeakFrame(SPEAKER_TURN)])
+            await until(lambda: stops(down) == turn, "the turn")
+            assert spoken_by(down.seen()[before:], 1)  # by the last speaker that was spoken
+        [error] = errors(up.seen(FrameDirection.UPSTREAM))  # once, for the turn that met it
+        assert "unknown_speaker" in error.error and "'dave'" in error.error and "'bob'" in error.error
+        assert error.category is ErrorCategory.APPLICATION and tts.is_usable
+        assert tts.settings.speaker == "bob"
+        await until(lambda: speakers_server.service.admission.utterances == 0, "the server to hold nothing")
+
+
+async def test_an_unknown_speaker_of_a_new_voice_falls_back_to_its_default_speaker(speakers_server):
+    # "bob" was spoken in "chorus"; the new voice ("tone") has one speaker: its default.
+    tts = VoxwireTTSService(url=speakers_server.ws, settings=VoxwireTTSService.Settings(voice="chorus", speaker="bob"))
+    async with running(tts) as (worker, up, down):
+        await worker.queue_frame(TTSSpeakFrame(SPEAKER_TURN))
+        await until(lambda: stops(down) == 1, "the first turn")
+        await worker.queue_frame(TTSUpdateSettingsFrame(delta=VoxwireTTSService.Settings(voice="tone")))
+        before = len(down.seen())
+        await worker.queue_frame(TTSSpeakFrame(SPEAKER_TURN))
+        await until(lambda: stops(down) == 2, "the turn")
+        assert spoken_by(down.seen()[before:], 0)
+        [error] = errors(up.seen(FrameDirection.UPSTREAM))
+        assert "unknown_speaker" in error.error and "'tone'" in error.error and "default speaker" in error.error
+        assert tts.settings.voice == "tone" and tts.settings.speaker is None
+
+
+async def test_an_unknown_speaker_from_the_start_is_a_setting_to_fix(speakers_server):
+    tts = VoxwireTTSService(url=speakers_server.ws, settings=VoxwireTTSService.Settings(voice="chorus", speaker="dave"))
+    async with running(tts) as (worker, up, down):
+        await worker.queue_frame(TTSSpeakFrame(SPEAKER_TURN))
+        await until(lambda: stops(down) == 1 and errors(up.seen(FrameDirection.UPSTREAM)), "the turn")
+        [error] = errors(up.seen(FrameDirection.UPSTREAM))
+    assert "unknown_speaker" in error.error and error.category is ErrorCategory.INVALID_REQUEST
+    assert not tts.is_usable and tts.settings.speaker == "dave"
+    assert not [f for f in down.seen() if isinstance(f, TTSAudioRawFrame)]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from voxwire.engine.piper import chunked
 from voxwire.engine.piper.chunked import piece_spans, decode_chunks, stream_chunks
-from voxwire.engine.piper.vits import Vits
+from voxwire.engine.piper.vits import Vits, VitsConfig
 
 # Measured: ~120 dB (context >= the receptive field makes chunking exact up to float
 # rounding). 80 dB is well past "inaudible" yet fails if context is even 2 frames short.
@@ -145,13 +147,26 @@ class _Recorder:
     def __getattr__(self, name: str):
         return getattr(self.model, name)
 
-    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None,
+                     speaker: torch.Tensor | None = None) -> torch.Tensor:
         self.flow_widths.append(z_p.shape[2])
-        return self.model.flow_reverse(z_p, mask)
+        return self.model.flow_reverse(z_p, mask, speaker)
 
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
+    def decode(self, z: torch.Tensor, speaker: torch.Tensor | None = None) -> torch.Tensor:
         self.decode_widths.append(z.shape[2])
-        return self.model.decode(z)
+        return self.model.decode(z, speaker)
+
+
+def test_the_contexts_are_the_voices_receptive_fields(vits: Vits):
+    """A medium voice's (the constants, measured) and a high voice's: resblock 1's wider
+    kernels reach further, so its windows need more context."""
+    assert chunked.decoder_context(vits.cfg) == chunked.CONTEXT_FRAMES
+    assert chunked.flow_context(vits.cfg) == chunked.FLOW_CONTEXT_FRAMES
+    high = dataclasses.replace(
+        vits.cfg, resblock="1", resblock_kernel_sizes=(3, 7, 11), resblock_dilation_sizes=((1, 3, 5),) * 3,
+        upsample_rates=(8, 8, 2, 2), upsample_initial_channel=512, upsample_kernel_sizes=(16, 16, 4, 4),
+    )
+    assert chunked.decoder_context(high) == 14
 
 
 def test_the_first_step_computes_no_more_than_the_first_piece_needs(vits: Vits, latent):
@@ -224,16 +239,18 @@ class _Shapes:
     """A model that only records the widths it is called with."""
 
     hop_length = 4
+    cfg = VitsConfig()  # a medium voice's shape: its receptive fields set the contexts
 
     def __init__(self) -> None:
         self.flow_widths: set[int] = set()
         self.decode_widths: set[int] = set()
 
-    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def flow_reverse(self, z_p: torch.Tensor, mask: torch.Tensor | None = None,
+                     speaker: torch.Tensor | None = None) -> torch.Tensor:
         self.flow_widths.add(z_p.shape[2])
         return z_p
 
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
+    def decode(self, z: torch.Tensor, speaker: torch.Tensor | None = None) -> torch.Tensor:
         self.decode_widths.add(z.shape[2])
         return torch.zeros(z.shape[0], z.shape[2] * self.hop_length)
 

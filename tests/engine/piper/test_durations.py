@@ -19,7 +19,7 @@ def test_no_phoneme_outlasts_the_bound_whatever_the_predictor_says(vits, phoneme
     assert 0 < int(natural.max()) < longest  # real speech is far from the bound: it changes nothing there
 
     # A predictor gone wild (e^12 frames, hours, for every phoneme), as hostile input could make it.
-    monkeypatch.setattr(vits.dp, "reverse", lambda x, mask, noise: torch.full_like(noise[:, :1], 12.0) * mask)
+    monkeypatch.setattr(vits.dp, "reverse", lambda x, mask, noise, speaker=None: torch.full_like(noise[:, :1], 12.0) * mask)
     z_p, durations = vits.infer_prior(ids, 0.667, length_scale, 0.8, torch.Generator().manual_seed(0))
     assert int(durations.max()) == longest
     assert z_p.shape[-1] == int(durations.sum()) <= ids.numel() * longest

@@ -123,7 +123,7 @@ def _durations(model: Vits, ids: torch.Tensor, dp_dtype: torch.dtype | None = No
         return model.infer_prior(ids, 0.667, 1.0, 0.8, torch.Generator().manual_seed(1), bucket=32)[1]
     model = copy.deepcopy(model)
     dp, reverse = model.dp.to(dp_dtype), model.dp.reverse
-    dp.reverse = lambda x, mask, noise: reverse(x.to(dp_dtype), mask.to(dp_dtype), noise.to(dp_dtype)).float()
+    dp.reverse = lambda x, mask, noise, speaker=None: reverse(x.to(dp_dtype), mask.to(dp_dtype), noise.to(dp_dtype)).float()
     return _durations(model, ids)
 
 

@@ -16,9 +16,11 @@ import orjson
 import pytest
 import soundfile
 
+from voxwire.engine.base import Engine, Voice
 from voxwire.server.doors import openai as openai_speech
 from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
+from tests.fixtures.engines import dominant_pitches, speaker_pitch
 from tests.server.test_stream import SENTENCE, assert_speech
 
 
@@ -300,3 +302,71 @@ def test_the_largest_body_the_fields_allow_is_within_the_bound(piper_server):
     assert len(body) <= openai_speech.MAX_BODY_BYTES
     error = _error(httpx.post(f"{piper_server.http}/v1/audio/speech", content=body, headers={"content-type": "application/json"}, timeout=60))
     assert (error["code"], error["param"]) == ("invalid_speed", "speed")
+
+
+# -- a multi-speaker voice's speaker: "VOICE:SPEAKER" -------------------------------------------
+
+
+SPEAKER_WORDS = ("golf", "hotel", "india")
+
+
+def _pitches(r: httpx.Response) -> list[float]:
+    assert r.status_code == 200, r.text
+    return dominant_pitches(np.frombuffer(r.content, "<i2").astype(np.float32) / 32767, 24000)
+
+
+@pytest.mark.parametrize(
+    "voice, speaker_id",
+    [
+        ("chorus:bob", 1),
+        ("chorus:2", 2),  # its id
+        ({"id": "chorus:carol"}, 2),  # inside OpenAI's voice object
+        ("chorus", 0),  # none named: the voice's default speaker
+    ],
+)
+def test_voice_colon_speaker_speaks_that_speaker(speakers_server, voice, speaker_id):
+    r = _post(speakers_server, voice=voice, input=" ".join(SPEAKER_WORDS) + ".")
+    assert _pitches(r) == pytest.approx([speaker_pitch(w, speaker_id) for w in SPEAKER_WORDS], abs=15)
+
+
+@pytest.mark.parametrize(
+    "voice, said",
+    [
+        ("chorus:dave", "alice, bob, carol"),
+        ("chorus:3", "0 to 2"),
+        ("chorus:", "no speaker ''"),
+        ("tone:alice", "one speaker"),
+        ({"id": "tone:0"}, "one speaker"),
+    ],
+)
+def test_an_unknown_speaker_is_a_400_about_the_voice(speakers_server, voice, said):
+    error = _error(_post(speakers_server, voice=voice))
+    assert (error["code"], error["param"]) == ("unknown_speaker", "voice")
+    assert said in error["message"]
+
+
+def test_an_unknown_voice_before_the_colon_is_an_unknown_voice(speakers_server):
+    error = _error(_post(speakers_server, voice="nobody:bob"))
+    assert (error["code"], error["param"]) == ("unknown_voice", "voice") and "'nobody'" in error["message"]
+
+
+class _ColonVoices(Engine):
+    name = "colons"
+    sample_rate = 16000
+
+    def voices(self) -> list[Voice]:
+        return [Voice(id="en:narrow", name="", language="en", sample_rate=16000, speakers=("a", "b"))]
+
+
+@pytest.mark.parametrize(
+    "requested, split",
+    [
+        ("en:narrow", ("en:narrow", None)),  # a voice's own id, ':' and all, is that voice
+        ("en:narrow:b", ("en:narrow", "b")),  # else the first ':' ends the voice
+        ("en:wide", ("en", "wide")),
+        ("joe", ("joe", None)),
+        ("alloy:a", ("alloy", "a")),  # an OpenAI name is mapped afterwards, the speaker kept
+    ],
+)
+def test_a_voice_id_with_a_colon_is_that_voice(requested, split):
+    assert openai_speech.voice_and_speaker(_ColonVoices(), requested) == split

@@ -27,7 +27,7 @@ from voxwire.server.doors.wyoming import WyomingDoor, wyoming_host
 from voxwire.server.doors.wyoming.wire import read_event
 from tests.conftest import RunningServer, run_server
 from tests.fixtures.engines import RATE as TONE_RATE
-from tests.fixtures.engines import dominant_pitches, word_pitch
+from tests.fixtures.engines import SPEAKERS, dominant_pitches, speaker_pitch, word_pitch
 from tests.server.test_stream import ONE_LONG_SENTENCE, SENTENCE, assert_speech
 
 pytestmark = pytest.mark.timeout(600)  # a Piper server of its own loads on a busy 2-core machine
@@ -436,3 +436,77 @@ async def test_a_streamed_request_whose_text_stops_coming_ends_at_the_idle_timeo
         assert await asyncio.wait_for(client.read_event(), 30) is None
     await wait_until_idle(tone)
     assert [(r.outcome, r.code) for r in utterance_lines(caplog)] == [("failed", "idle_timeout")]
+
+
+# -- a multi-speaker voice's speakers (the tone engine's "chorus") -------------------------------
+
+
+def assert_spoken_by(heard: Heard, speaker_id: int, text: str = TONE_TEXT) -> None:
+    """``text`` as speaker ``speaker_id`` of "chorus" says it: each word's pitch shifted by its id."""
+    words = text.strip(".").split()
+    assert dominant_pitches(heard.audio, TONE_RATE) == pytest.approx([speaker_pitch(w, speaker_id) for w in words], abs=15)
+
+
+async def test_describe_lists_a_voices_speakers_as_wyoming_piper_does(speakers_server):
+    async with AsyncTcpClient("127.0.0.1", port(speakers_server)) as client:
+        await client.write_event(Describe().event())
+        event = await read(client)
+    (program,) = Info.from_event(event).tts
+    voices = {v.name: v for v in program.voices}
+    assert voices["tone"].speakers is None  # one speaker: none listed
+    assert [s.name for s in voices["chorus"].speakers or []] == list(SPEAKERS)
+    # As Home Assistant reads them off the wire.
+    (chorus,) = [v for v in event.data["tts"][0]["voices"] if v["name"] == "chorus"]
+    assert chorus["speakers"] == [{"name": name} for name in SPEAKERS]
+
+
+@pytest.mark.parametrize(
+    "voice, speaker_id",
+    [
+        (SynthesizeVoice(name="chorus", speaker="bob"), 1),
+        (SynthesizeVoice(name="chorus", speaker="2"), 2),  # its id
+        (SynthesizeVoice(name="chorus"), 0),  # none: the voice's default speaker
+    ],
+)
+async def test_synthesize_speaks_the_voices_speaker(speakers_server, voice, speaker_id):
+    async with AsyncTcpClient("127.0.0.1", port(speakers_server)) as client:
+        await client.write_event(Synthesize(text=TONE_TEXT, voice=voice).event())
+        assert_spoken_by(await hear(client), speaker_id)
+
+
+async def test_the_streaming_form_speaks_the_voices_speaker(speakers_server):
+    async with AsyncTcpClient("127.0.0.1", port(speakers_server)) as client:
+        await client.write_event(SynthesizeStart(voice=SynthesizeVoice(name="chorus", speaker="carol")).event())
+        for word in TONE_TEXT.split():
+            await client.write_event(SynthesizeChunk(text=word + " ").event())
+        await client.write_event(SynthesizeStop().event())
+        heard = await hear(client, until=SynthesizeStopped().event().type)
+    assert_spoken_by(heard, 2)
+
+
+async def test_a_speakers_id_may_be_a_number_and_an_empty_one_is_the_default(speakers_server):
+    for speaker, speaker_id in ((1, 1), ("", 0)):
+        async with AsyncTcpClient("127.0.0.1", port(speakers_server)) as client:
+            await client.write_event(Event(type="synthesize", data={
+                "text": TONE_TEXT, "voice": {"name": "chorus", "speaker": speaker}}))
+            assert_spoken_by(await hear(client), speaker_id)
+
+
+@pytest.mark.parametrize(
+    "voice",
+    [SynthesizeVoice(name="chorus", speaker="dave"), SynthesizeVoice(name="tone", speaker="alice")],
+)
+async def test_an_unknown_speaker_is_an_error_then_a_close(speakers_server, voice):
+    async with AsyncTcpClient("127.0.0.1", port(speakers_server)) as client:
+        await client.write_event(Synthesize(text=TONE_TEXT, voice=voice).event())
+        event = await read(client)
+        assert Error.from_event(event).code == "unknown_speaker"
+        assert await asyncio.wait_for(client.read_event(), 30) is None
+
+
+async def test_a_speaker_of_the_wrong_shape_is_invalid_event(speakers_server):
+    async with AsyncTcpClient("127.0.0.1", port(speakers_server)) as client:
+        await client.write_event(Event(type="synthesize", data={
+            "text": TONE_TEXT, "voice": {"name": "chorus", "speaker": ["bob"]}}))
+        error = Error.from_event(await read(client))
+        assert error.code == "invalid_event" and "voice.speaker" in (error.text or "")

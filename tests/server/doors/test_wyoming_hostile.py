@@ -266,9 +266,10 @@ async def test_a_voice_of_the_wrong_shape_is_invalid_event_and_the_connection_go
     assert await logged(caplog, 1) == [("done", None)]
 
 
+# A speaker is no longer ignored: one the voice lacks is unknown_speaker (test_wyoming.py).
 @pytest.mark.parametrize(
-    "voice", [None, {}, {"name": None}, {"language": "xx"}, {"name": "tone", "speaker": "x"}],
-    ids=["null", "empty", "name-null", "language-only", "name-and-speaker"],
+    "voice", [None, {}, {"name": None}, {"language": "xx"}, {"name": "tone", "speaker": ""}],
+    ids=["null", "empty", "name-null", "language-only", "name-and-empty-speaker"],
 )
 async def test_a_voice_without_a_name_speaks_the_default_voice(tone, voice):
     async with AsyncTcpClient("127.0.0.1", port(tone)) as client:
