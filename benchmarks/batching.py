@@ -17,7 +17,13 @@ And in this process, the **floor**: the time one batched engine step takes to co
 the burst's N first chunks, against the same N first steps one after another. On a CPU,
 batching saves little arithmetic; the burst's p95 is then read against that floor.
 
+``--voices N`` compares instead one voice against N voices in use at once, both batched:
+the second server loads N copies of the default voice as N voices (the same cost per
+stream as any voice of its quality), and listener or newcomer i speaks voice i mod N. A
+step batches each voice's streams apart, so this is what a mix of voices costs.
+
     python -m voxwire.benchmarks.batching --out benchmarks/results/batching
+    python -m voxwire.benchmarks.batching --voices 3
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import argparse
 import asyncio
 import re
 import statistics
+import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,33 +49,42 @@ from voxwire.benchmarks.stats import percentiles
 P95_TTFA_LIMIT_MS = 300.0
 
 
-async def single(url: str, rounds: int) -> list[loadgen.UtteranceResult]:
+def voice_of(voices: Sequence[str], i: int) -> dict[str, str]:
+    """Client i's voice setting: the i-th of ``voices`` in turn, or the server's default."""
+    return {"voice": voices[i % len(voices)]} if voices else {}
+
+
+async def single(url: str, rounds: int, voices: Sequence[str] = ()) -> list[loadgen.UtteranceResult]:
     ws = await loadgen.connect(url, None)
     try:
-        return [await loadgen.speak(ws, REPLIES[i % len(REPLIES)], {}) for i in range(rounds)]
+        return [await loadgen.speak(ws, REPLIES[i % len(REPLIES)], voice_of(voices, i)) for i in range(rounds)]
     finally:
         await ws.close()
 
 
-async def burst(url: str, newcomers: int, round_no: int) -> list[loadgen.UtteranceResult]:
+async def burst(url: str, newcomers: int, round_no: int, voices: Sequence[str] = ()) -> list[loadgen.UtteranceResult]:
     """Connections open first, then all speak at once: TTFA excludes the handshakes."""
     sockets = await asyncio.gather(*(loadgen.connect(url, None) for _ in range(newcomers)))
     try:
         texts = [REPLIES[(round_no * newcomers + i) % len(REPLIES)] for i in range(newcomers)]
-        return list(await asyncio.gather(*(loadgen.speak(ws, t, {}) for ws, t in zip(sockets, texts))))
+        return list(await asyncio.gather(*(
+            loadgen.speak(ws, t, voice_of(voices, i)) for i, (ws, t) in enumerate(zip(sockets, texts))
+        )))
     finally:
         for ws in sockets:
             await ws.close()
 
 
-async def staggered(url: str, listeners: int, per_listener: int, spread_s: float) -> list[loadgen.UtteranceResult]:
+async def staggered(
+    url: str, listeners: int, per_listener: int, spread_s: float, voices: Sequence[str] = (),
+) -> list[loadgen.UtteranceResult]:
     async def listener(i: int) -> list[loadgen.UtteranceResult]:
         await asyncio.sleep(spread_s * i / listeners)
         ws = await loadgen.connect(url, None)
         out = []
         try:
             for k in range(per_listener):
-                r = await loadgen.speak(ws, REPLIES[(i + k) % len(REPLIES)], {})
+                r = await loadgen.speak(ws, REPLIES[(i + k) % len(REPLIES)], voice_of(voices, i))
                 out.append(r)
                 await asyncio.sleep(loadgen.listening_s(r))
         finally:
@@ -125,28 +142,32 @@ def floor(newcomers: int, threads: int | None, precision: str = "auto") -> dict[
             "one_by_one_ms": round(statistics.median(alone), 1)}
 
 
-async def measure(servers: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
+async def measure(
+    servers: dict[str, int], args: argparse.Namespace, voices: dict[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """``voices``: each server's voices its clients take in turn (none: the default)."""
     urls = {name: f"ws://127.0.0.1:{port}/v1/stream" for name, port in servers.items()}
+    chosen = {name: (voices or {}).get(name, []) for name in servers}
     out: dict[str, Any] = {name: {"single": [], "burst": [], "burst_underruns": 0, "burst_stall_ms": 0.0, "held": {}}
                            for name in servers}
     for name, url in urls.items():  # warm-up, including a burst's shapes
-        await single(url, 2)
-        await burst(url, args.newcomers, 0)
+        await single(url, max(2, len(chosen[name])), chosen[name])
+        await burst(url, args.newcomers, 0, chosen[name])
     for i in range(args.rounds):  # interleaved: both servers see the same moments of the machine
         for name, url in urls.items():
-            out[name]["single"] += [r.ttfa_ms for r in await single(url, 2) if r.error is None]
-            ok = [r for r in await burst(url, args.newcomers, i + 1) if r.error is None]
+            out[name]["single"] += [r.ttfa_ms for r in await single(url, 2, chosen[name]) if r.error is None]
+            ok = [r for r in await burst(url, args.newcomers, i + 1, chosen[name]) if r.error is None]
             out[name]["burst"] += [r.ttfa_ms for r in ok]
             out[name]["burst_underruns"] += sum(r.underruns for r in ok)
             out[name]["burst_stall_ms"] += sum(r.stall_ms for r in ok)
     for name, url in urls.items():
-        rtf = [r.server.get("rtf", float("nan")) for r in await single(url, 4)]
+        rtf = [r.server.get("rtf", float("nan")) for r in await single(url, 4, chosen[name])]
         out[name]["rtf"] = statistics.median(rtf)
         passed = True
         for level in args.levels:
             if not passed:
                 break
-            result = held_level(await staggered(url, level, args.per_listener, args.spread))
+            result = held_level(await staggered(url, level, args.per_listener, args.spread, chosen[name]))
             out[name]["held"][level] = result
             passed = result["held"]
             print(f"{name:>9}: {level:2d} listeners: p95 TTFA {result['p95_ttfa_ms']:6.1f} ms, "
@@ -182,6 +203,20 @@ def summarise(raw: dict[str, Any], floors: dict[str, dict[str, float]]) -> dict[
     return rows
 
 
+def voice_copies(folder: Path, n: int) -> list[Path]:
+    """``n`` voices that are the default voice's files under other names (links)."""
+    from voxwire.engine.piper.engine import default_voices
+
+    (joe,) = default_voices()
+    paths = []
+    for i in range(1, n + 1):
+        model = folder / f"{joe.id}{i}.onnx"
+        model.symlink_to(joe.model)
+        Path(f"{model}.json").symlink_to(joe.config)
+        paths.append(model)
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m voxwire.benchmarks.batching", description=__doc__.split("\n\n")[0])
     p.add_argument("--newcomers", type=int, default=8, help="newcomers in each burst")
@@ -192,20 +227,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="engine threads (default: the server's default)")
     p.add_argument("--precisions", action="store_true",
                    help="compare two batched servers, --precision bf16 and --precision fp32, instead")
+    p.add_argument("--voices", type=int, default=None,
+                   help="compare one voice with this many voices in use at once (copies of the default voice)")
     p.add_argument("--out", type=Path, help="write batching.json (precision.json with --precisions) there")
     args = p.parse_args(argv)
     threads = ["--threads", str(args.threads)] if args.threads else []
+    voices: dict[str, list[str]] = {}
+    copies = tempfile.TemporaryDirectory(prefix="voxwire-voices-")
     if args.precisions:
         variants = {"bf16": ["--precision", "bf16"], "fp32": ["--precision", "fp32"]}
+    elif args.voices:
+        many = f"{args.voices} voices"
+        paths = voice_copies(Path(copies.name), args.voices)
+        variants = {"1 voice": [], many: [flag for path in paths for flag in ("--piper-voice", str(path))]}
+        voices = {many: [path.name.removesuffix(".onnx") for path in paths]}
     else:
         variants = {"batched": [], "unbatched": ["--max-batch", "1"]}
     ports = {name: free_port() for name in variants}
     procs = [spawn_voxwire(ports[name], "--cache-mb", "0", *flags, *threads) for name, flags in variants.items()]
     try:
-        raw = asyncio.run(measure(ports, args))
+        raw = asyncio.run(measure(ports, args, voices))
     finally:
         for proc in procs:
             stop(proc)
+        copies.cleanup()
     # The floor is a batched step: each precision's own where precisions are compared.
     if args.precisions:
         floors = {name: floor(args.newcomers, args.threads, name) for name in variants}
@@ -222,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['burst_p95_over_floor']}x floor; held {r['held']} of limit {r['compute_limit']} "
               f"({r['held_over_limit']}x); batch sizes {r['batch_sizes']}")
     if args.out:
-        name = "precision.json" if args.precisions else "batching.json"
+        name = "precision.json" if args.precisions else "voices.json" if args.voices else "batching.json"
         save_results(args.out / name, args, floor=next(iter(floors.values())), floors=floors, servers=rows)
     return 0
 

@@ -182,6 +182,12 @@ class Engine(ABC):
         """The voice of that id, or None."""
         return next((v for v in self.voices() if v.id == voice_id), None)
 
+    def voice_rate(self, voice_id: str) -> int:
+        """The rate a voice's pieces come at: its own (voices of one engine may differ,
+        as Piper's 16 kHz and 22.05 kHz ones do), else the engine's."""
+        voice = self.voice(voice_id)
+        return voice.sample_rate if voice is not None else self.sample_rate
+
     def default_voice(self) -> str | None:
         """The voice a request that names none speaks with: the first of ``voices``, which
         an engine lists in a stable order, so every process gives the same answer. None

@@ -139,6 +139,11 @@ class Utterance:
     def produced_seconds(self) -> float:
         return self.produced_samples / self._sample_rate
 
+    @property
+    def sample_rate(self) -> int:
+        """The rate of this utterance's pieces: its voice's."""
+        return self._sample_rate
+
     def backlogged(self) -> bool:
         """Its listener is behind (engine/audio_queue.py, ``full``)."""
         return self.queue.full()

@@ -200,13 +200,14 @@ class Worker:
     ) -> Utterance:
         """``first_clause_words``: this utterance's own choice (SegmenterLimits), else the worker's."""
         engine = self.loaded_engine()
+        rate = engine.voice_rate(params.voice)
         queue = AudioQueue(
-            loop, int(self.options.max_queue_seconds * engine.sample_rate), on_drain=self._wake, producer=self._lock,
+            loop, int(self.options.max_queue_seconds * rate), on_drain=self._wake, producer=self._lock,
         )
         limits = self.options.segmenter_limits
         if first_clause_words is not None:
             limits = replace(limits, first_clause_words=first_clause_words)
-        u = Utterance(self._lock, engine.sample_rate, params, queue, limits)
+        u = Utterance(self._lock, rate, params, queue, limits)
         with self._lock:
             if self._stopping:
                 raise EngineError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
@@ -442,7 +443,7 @@ class Worker:
         limit = self.options.max_utterance_seconds
         if limit is None:
             return np.iinfo(np.int64).max
-        return max(0, round(limit * self.sample_rate) - u.produced_samples)
+        return max(0, round(limit * u.sample_rate) - u.produced_samples)
 
     def _fail(self, u: Utterance, error: Exception) -> None:
         if isinstance(error, EngineError):

@@ -162,7 +162,8 @@ class Pipeline:
         # Only a one-shot utterance can be looked up: streamed text is not known yet.
         hit = self.cache.get(key, with_words=settings.timestamps) if key is not None and request.final else None
         if hit is not None:
-            speech = Speech(self, request, Replay(hit, engine.sample_rate), engine.sample_rate, 0)
+            rate = engine.voice_rate(settings.voice)
+            speech = Speech(self, request, Replay(hit, rate), rate, 0)
             self._speeches[speech] = None
             return speech
         lag = self.admission.limits.max_listener_lag_seconds
@@ -189,7 +190,7 @@ class Pipeline:
             self.admission.end_utterance()
             raise Refused(e.code, e.message, RETRY_AFTER_MS) from None
         capture = self.cache.max_entry_bytes if key is not None else 0
-        speech = Speech(self, request, utterance, engine.sample_rate, capture)
+        speech = Speech(self, request, utterance, utterance.sample_rate, capture)
         self._speeches[speech] = key
         utterance.feed(request.text, request.final)
         return speech

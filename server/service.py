@@ -84,12 +84,11 @@ class Service:
     def snapshot(self) -> Snapshot:
         worker = self.worker
         utterances = worker.utterances()
-        rate = worker.engine.sample_rate if worker.engine else 1
         return Snapshot(
             connections=self.admission.connections,
             active_utterances=self.admission.utterances,
             worker_utterances=len(utterances),
-            queued_audio_seconds=sum(u.queue.samples for u in utterances) / rate,
+            queued_audio_seconds=sum(u.queue.samples / u.sample_rate for u in utterances),
             ready=self.ready(),
             cache_bytes=self.cache.bytes,
             engine_threads=worker.stats.cpu_threads,

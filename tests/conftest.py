@@ -118,8 +118,9 @@ def piper_wyoming_server() -> Iterator[RunningServer]:
 def reference_voices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Random-weight Piper voices made by piper-tts's own training code and export
     (tests/fixtures/piper_voices.py), by name: ``speakers`` (medium, four speakers),
-    ``x_low`` (16 kHz, one speaker) and ``high`` (resblock 1, four upsamplings, two
-    speakers). Each is ``NAME.onnx`` with ``NAME.onnx.json`` beside it, in one folder."""
+    ``x_low`` (16 kHz, one speaker), ``high`` (resblock 1, four upsamplings, two
+    speakers) and ``german`` (low, espeak-ng's ``de``). Each is ``NAME.onnx`` with
+    ``NAME.onnx.json`` beside it, in one folder."""
     from tests.fixtures.piper_voices import make_voice
 
     folder = tmp_path_factory.mktemp("piper-voices")
@@ -127,6 +128,7 @@ def reference_voices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
         "speakers": make_voice(folder, "speakers", "medium", ("alice", "bob", "carol", "dave"), seed=1),
         "x_low": make_voice(folder, "x_low", "x_low", seed=2),
         "high": make_voice(folder, "high", "high", ("p225", "p226"), seed=3),
+        "german": make_voice(folder, "german", "low", espeak_voice="de", seed=4),
     }
 
 

@@ -253,10 +253,10 @@ class PiperEngine(Engine):
             self.step_budget = GPU_STEP_FRAMES if gpu else CPU_STEP_FRAMES
             self.width_costs_time = not gpu
         self._voices = {f.id: _LoadedVoice(f, backend, device, threads, self.precision) for f in files}
-        rates = {v.config.sample_rate for v in self._voices.values()}
-        if len(rates) != 1:
-            raise EngineError(ErrorCode.BAD_CONFIG, f"Piper voices must share one sample rate, got {sorted(rates)}")
-        self.sample_rate = rates.pop()
+        # Voices may differ in rate (16 kHz x_low and low, 22.05 kHz medium and high): each
+        # utterance comes at its voice's (``voice_rate``), and a step batches a voice's
+        # streams apart from another's. The engine's own rate is its default voice's.
+        self.sample_rate = next(iter(self._voices.values())).config.sample_rate
         for v in self._voices.values():
             v.gain = self._calibrate(v)
 

@@ -164,6 +164,40 @@ def test_streams_of_different_speakers_batched_sound_as_each_alone(engine):
     assert snr_db(alone[0][:n], bob_as_alice[:n]) < CONTROL_SNR_DB
 
 
+def test_voices_of_two_rates_speak_together_each_at_its_own_rate(reference_voices):
+    """An x_low voice (16 kHz) beside a medium one (22.05 kHz): each utterance comes at its
+    voice's rate, and a step that advances both gives each what it gives alone."""
+    from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
+
+    both = PiperEngine([voice_files_from_path(reference_voices[v]) for v in ("speakers", "x_low")],
+                       backend="torch", precision="fp32")
+    torch.set_num_threads(1)
+    for voice in both._voices.values():
+        voice.config = dataclasses.replace(voice.config, noise_scale=0.0, noise_w_scale=0.0)
+    assert both.sample_rate == 22050  # the default voice's, the first
+    assert [(v.id, v.sample_rate, both.voice_rate(v.id)) for v in both.voices()] == [
+        ("speakers", 22050, 22050), ("x_low", 16000, 16000)]
+    params = [SynthesisParams(voice="x_low"), SynthesisParams(voice="speakers", speaker="carol")]
+
+    def audio(pieces) -> np.ndarray:
+        return np.concatenate([p for p in pieces if isinstance(p, np.ndarray)])
+
+    alone = [audio(both.synthesize(TEXT, p)) for p in params]
+    streams = [both.open(TEXT, p) for p in params]
+    together: list[list] = [[], []]
+    live = [0, 1]
+    while live:
+        results = both.step([streams[i] for i in live])
+        for i, r in zip(list(live), results):
+            assert not isinstance(r, Exception), r
+            together[i] += r.pieces
+            if r.done:
+                live.remove(i)
+    for a, pieces in zip(alone, together):
+        b = audio(pieces)
+        assert b.shape == a.shape and snr_db(a, b) > 60.0
+
+
 def test_the_onnx_backend_passes_the_speaker(reference_voices, engine):
     """onnxruntime's graph gets ``sid``: its audio is the torch port's for that speaker."""
     from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
