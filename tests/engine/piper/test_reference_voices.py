@@ -111,16 +111,42 @@ def test_a_wrong_speaker_or_a_zeroed_embedding_fails_the_check(piper, ports):
     assert zeroed.size != expected.size or snr_db(expected, zeroed) < CONTROL_SNR_DB
 
 
+def audio(pieces) -> np.ndarray:
+    return np.concatenate([p for p in pieces if isinstance(p, np.ndarray)])
+
+
+def quiet(engine):
+    """Noise off: a stream's audio is then a function of its text and speaker alone."""
+    for voice in engine._voices.values():
+        voice.config = dataclasses.replace(voice.config, noise_scale=0.0, noise_w_scale=0.0)
+    return engine
+
+
+def spoken_together(engine, texts: list[str], params: list[SynthesisParams]) -> tuple[list[np.ndarray], int]:
+    """Each text's audio, all opened at once and stepped together until each is done; and
+    the widest step."""
+    streams = [engine.open(t, p) for t, p in zip(texts, params)]
+    together: list[list] = [[] for _ in texts]
+    live = list(range(len(texts)))
+    widest = 0
+    while live:
+        widest = max(widest, len(live))
+        results = engine.step([streams[i] for i in live])
+        for i, r in zip(list(live), results):
+            assert not isinstance(r, Exception), r
+            together[i] += r.pieces
+            if r.done:
+                live.remove(i)
+    return [audio(pieces) for pieces in together], widest
+
+
 @pytest.fixture(scope="module")
 def engine(reference_voices):
     from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
 
     e = PiperEngine([voice_files_from_path(reference_voices["speakers"])], backend="torch", precision="fp32")
     torch.set_num_threads(1)
-    # Without noise a stream's audio is a function of its text and speaker alone.
-    for voice in e._voices.values():
-        voice.config = dataclasses.replace(voice.config, noise_scale=0.0, noise_w_scale=0.0)
-    return e
+    return quiet(e)
 
 
 def test_the_engine_lists_the_speakers_and_refuses_an_unknown_one(engine):
@@ -137,26 +163,10 @@ def test_streams_of_different_speakers_batched_sound_as_each_alone(engine):
     texts = ["Hello there, how are you?", TEXT, "Yes! " + TEXT]
     speakers = ["bob", "3", None]  # by name, by number, the default (alice)
     params = [SynthesisParams(voice="speakers", speaker=s) for s in speakers]
-
-    def audio(pieces) -> np.ndarray:
-        return np.concatenate([p for p in pieces if isinstance(p, np.ndarray)])
-
     alone = [audio(engine.synthesize(t, p)) for t, p in zip(texts, params)]
-    streams = [engine.open(t, p) for t, p in zip(texts, params)]
-    together: list[list] = [[] for _ in texts]
-    live = list(range(len(texts)))
-    widest = 0
-    while live:
-        widest = max(widest, len(live))
-        results = engine.step([streams[i] for i in live])
-        for i, r in zip(list(live), results):
-            assert not isinstance(r, Exception), r
-            together[i] += r.pieces
-            if r.done:
-                live.remove(i)
+    together, widest = spoken_together(engine, texts, params)
     assert widest == 3
-    for a, pieces in zip(alone, together):
-        b = audio(pieces)
+    for a, b in zip(alone, together):
         assert b.shape == a.shape and snr_db(a, b) > 60.0
     # And "bob" is bob: the same text as the default speaker sounds otherwise.
     bob_as_alice = audio(engine.synthesize(texts[0], SynthesisParams(voice="speakers")))
@@ -169,32 +179,17 @@ def test_voices_of_two_rates_speak_together_each_at_its_own_rate(reference_voice
     voice's rate, and a step that advances both gives each what it gives alone."""
     from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
 
-    both = PiperEngine([voice_files_from_path(reference_voices[v]) for v in ("speakers", "x_low")],
-                       backend="torch", precision="fp32")
+    both = quiet(PiperEngine([voice_files_from_path(reference_voices[v]) for v in ("speakers", "x_low")],
+                             backend="torch", precision="fp32"))
     torch.set_num_threads(1)
-    for voice in both._voices.values():
-        voice.config = dataclasses.replace(voice.config, noise_scale=0.0, noise_w_scale=0.0)
     assert both.sample_rate == 22050  # the default voice's, the first
     assert [(v.id, v.sample_rate, both.voice_rate(v.id)) for v in both.voices()] == [
         ("speakers", 22050, 22050), ("x_low", 16000, 16000)]
     params = [SynthesisParams(voice="x_low"), SynthesisParams(voice="speakers", speaker="carol")]
-
-    def audio(pieces) -> np.ndarray:
-        return np.concatenate([p for p in pieces if isinstance(p, np.ndarray)])
-
     alone = [audio(both.synthesize(TEXT, p)) for p in params]
-    streams = [both.open(TEXT, p) for p in params]
-    together: list[list] = [[], []]
-    live = [0, 1]
-    while live:
-        results = both.step([streams[i] for i in live])
-        for i, r in zip(list(live), results):
-            assert not isinstance(r, Exception), r
-            together[i] += r.pieces
-            if r.done:
-                live.remove(i)
-    for a, pieces in zip(alone, together):
-        b = audio(pieces)
+    together, widest = spoken_together(both, [TEXT, TEXT], params)
+    assert widest == 2
+    for a, b in zip(alone, together):
         assert b.shape == a.shape and snr_db(a, b) > 60.0
 
 
