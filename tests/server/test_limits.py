@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 
 import msgpack
 import orjson
@@ -11,6 +13,7 @@ import pytest
 import websockets
 
 from voxwire.server.config import ServerConfig
+from voxwire.server.doors.base import FLOOD_WINDOW_SECONDS
 from voxwire.server.limits import (
     SHARED_ADMISSION_ENV,
     WORKER_INDEX_ENV,
@@ -106,6 +109,7 @@ async def test_a_client_that_keeps_flooding_is_cut_and_the_others_are_served():
         async with websockets.connect(s.ws) as flooder, await Client.connect(s.ws) as client:
             await recv_json(flooder)
             answers = 0
+            began = time.monotonic()
             with pytest.raises(websockets.ConnectionClosed) as closed:
                 for _ in range(5000):
                     await flooder.send(progress)
@@ -118,7 +122,11 @@ async def test_a_client_that_keeps_flooding_is_cut_and_the_others_are_served():
                 await asyncio.wait_for(flooder.recv(), 10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
             assert "dropped" in closed.value.rcvd.reason
-            assert 0 < answers <= 101  # every drop answered, up to the cut
+            # Every drop answered, up to the cut: 100, and one more for each drop the
+            # window gave back while the flood ran (its bucket refills 10 a second here;
+            # on a loaded machine the flood took long enough for one).
+            refilled = math.ceil((time.monotonic() - began) * 100 / FLOOD_WINDOW_SECONDS)
+            assert 0 < answers <= 101 + refilled
             frames, done = await (await client.speak("Another client is served.")).collect()
             assert done.type == "done" and frames
 
