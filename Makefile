@@ -13,8 +13,9 @@ PYTEST_ARGS ?=
 
 BIN   := $(VENV)/bin
 # Two install stamps: the server and its runtime dependencies (what `make serve` needs), and
-# on top of them what only the tests and benchmarks need (test, bench and Ray extras, the
-# CosyVoice2 reference), so that `make serve` on a fresh machine installs no test package.
+# on top of them what only the tests and benchmarks need (test, bench, Ray and Kokoro extras,
+# the CosyVoice2 and Kokoro references), so that `make serve` on a fresh machine installs no
+# test package.
 SERVE_STAMP := $(VENV)/.voxwire-serve-installed
 TEST_STAMP  := $(VENV)/.voxwire-test-installed
 SERVE_FLAGS := $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
@@ -48,6 +49,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 ORACLE := tests/engine/cosyvoice2/oracle-requirements.txt
+KOKORO_ORACLE := tests/engine/kokoro/oracle-requirements.txt
 
 # Reinstall whenever a dependency list changes, so `make serve` and `make test` also update .venv.
 # Editable: the .pth line setuptools writes is the checkout's root, where voxwire/ links to
@@ -57,13 +59,14 @@ $(SERVE_STAMP): $(BIN)/python pyproject.toml clients/python/pyproject.toml
 	touch $@
 
 # The CosyVoice2 reference (a test oracle only) goes in without its dependencies: it pins
-# torch, numpy and transformers versions that the project must not take.
+# torch, numpy and transformers versions that the project must not take. So do Kokoro's
+# (kokoro, kokoro-onnx), whose dependencies would bring misaki[en] with spaCy.
 # The client's framework extras go in the same pip run as the server's: one resolution
 # picks versions that suit both (Pipecat wants protobuf < 7; Ray's grpcio-reflection's
 # newest wants 7, an older one does not).
-$(TEST_STAMP): $(SERVE_STAMP) $(ORACLE)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,ray]' -e 'clients/python[decode,pipecat,livekit]'
-	$(BIN)/python -m pip install --quiet --no-deps -r $(ORACLE)
+$(TEST_STAMP): $(SERVE_STAMP) $(ORACLE) $(KOKORO_ORACLE)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,ray,kokoro]' -e 'clients/python[decode,pipecat,livekit]'
+	$(BIN)/python -m pip install --quiet --no-deps -r $(ORACLE) -r $(KOKORO_ORACLE)
 	touch $@
 
 install: $(SERVE_STAMP)

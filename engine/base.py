@@ -176,10 +176,14 @@ class Engine(ABC):
         """The voices this engine can speak with now."""
 
     def has_voice(self, voice_id: str) -> bool:
-        return self.voice(voice_id) is not None
+        try:
+            return self.voice(voice_id) is not None
+        except EngineError:
+            return False
 
     def voice(self, voice_id: str) -> Voice | None:
-        """The voice of that id, or None."""
+        """The voice of that id, or None. An engine that makes voices from their names
+        (Kokoro's blends) may raise ``EngineError`` for a name it cannot read."""
         return next((v for v in self.voices() if v.id == voice_id), None)
 
     def voice_rate(self, voice_id: str) -> int:

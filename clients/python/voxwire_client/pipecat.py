@@ -83,7 +83,7 @@ __all__ = ["VoxwireTTSService", "VoxwireTTSSettings"]
 _CATEGORIES = {
     code: category
     for category, codes in {
-        ErrorCategory.INVALID_REQUEST: "unknown_voice unknown_speaker no_voice invalid_field invalid_format "
+        ErrorCategory.INVALID_REQUEST: "unknown_voice unknown_speaker invalid_voice_blend no_voice invalid_field invalid_format "
         "invalid_sample_rate unsupported_sample_rate invalid_chunk_ms invalid_speed",
         ErrorCategory.RATE_LIMIT: "rate_limited overloaded too_many_utterances",
         ErrorCategory.QUOTA: "session_text_limit",

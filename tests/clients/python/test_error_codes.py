@@ -46,6 +46,7 @@ LIVEKIT_400 = {
     "unsupported_sample_rate": "a rate the format cannot take: the same request is refused again",
     "unknown_voice": "no such voice: the same request is refused again",
     "unknown_speaker": "the voice has no such speaker: the same request is refused again",
+    "invalid_voice_blend": "a voice blend that cannot be read: the same request is refused again",
     "no_voice": "no voice registered yet: a retry now is refused again",
     "timestamps_unsupported": "the plugin asks for timestamps only where ready.features says the engine has them",
     "text_too_long": THIS_TEXT + ", but this one never will",

