@@ -78,7 +78,8 @@ def _kokoro_load(options: EngineOptions) -> Engine:
     from voxwire.engine.kokoro.engine import load
 
     return load(options.kokoro_model, options.kokoro_voices, device=options.device, threads=options.threads,
-                precision=options.precision, language=options.kokoro_language)
+                precision=options.precision, language=options.kokoro_language,
+                windows=options.kokoro_decode == "windows")
 
 
 # The engines by name, in the order ``--engine`` lists them; the first is the default.
@@ -124,6 +125,13 @@ class EngineOptions:
         default=None,
         metadata={"help": "Kokoro: a directory of voice files (NAME.pt, as the official voices/ folder)",
                   "default_text": "the voxwire[kokoro] wheels' five voices"},
+    )
+    kokoro_decode: str = field(
+        default="whole",
+        metadata={"help": "Kokoro: whole decodes each segment at once, as the official model does (first audio "
+                  "waits for the segment); windows streams it in 150 ms-1.2 s windows, first audio within a few "
+                  "hundred ms, at a cost in quality (each window's instance norms see only the window: "
+                  "benchmarks/README.md, Kokoro)", "choices": ("whole", "windows")},
     )
     kokoro_language: str | None = field(
         default=None,

@@ -1,18 +1,23 @@
-"""The Kokoro engine: phonemes into Kokoro-82M, streamed below the sentence.
+"""The Kokoro engine: phonemes into Kokoro-82M, whole or streamed below the sentence.
 
-Per segment (at most 510 phoneme tokens: ``g2p.split``), ``Kokoro.prosody`` computes the
-durations, the F0 and energy curves and the generator's input for the whole segment, and
-``Generator.source`` its harmonic source; they are a few percent of the work. The
-generator, the rest, then runs on windows of the segment, one piece per engine step, the
-first as soon as the segment's prosody is known.
+A segment's phonemes are cut into parts of at most the 510 tokens the model takes
+(``g2p.split``; nearly always one). For each part, ``Kokoro.prosody`` computes the
+durations, the F0 and energy curves and the aligned text whole, and
+``Generator.frame_phase`` the harmonic source's phase: a few percent of the work. The
+decoder, the rest, then runs on the whole part in one step (the default: the official
+model's audio), or, with ``windows``, on windows of the part, one piece per engine step,
+the first as soon as the prosody is known: its frame-rate blocks (``Decoder.features``) with
+``FEATURE_CONTEXT`` around the window, its source (``Generator.source_window``, the same
+sines sample for sample wherever a window starts) and its generator.
 
 A window is its piece with ``CONTEXT`` decoder frames on each side, which hold the
 generator's receptive field (about 9 frames). Its instance norms take their statistics
-over the window rather than the whole segment, as no streaming decoder of this model can
-do otherwise (the last norm is a few layers from the output): that is what makes a
-chunked segment differ from a whole one (benchmarks/README.md, "Kokoro"). Pieces overlap
-by ``CROSSFADE`` samples, blended, so that the change of statistics at a join is not a
-step.
+over the window rather than the whole part, as no streaming decoder of this model can do
+otherwise (the last norm is a few layers from the output): that is what makes a chunked
+part differ from a whole one, and sound worse: on this project's 2-core CPU windows
+brought first audio from 2.8 s to 0.6 s, but Whisper's WER from 5.2 % to 13.9 % and
+DNSMOS from 3.31 to 2.89 (benchmarks/README.md, "Kokoro"), hence not the default. Pieces overlap by ``CROSSFADE``
+samples, blended, so that the change of statistics at a join is not a step.
 """
 
 from __future__ import annotations
@@ -49,12 +54,13 @@ CROSSFADE = 240
 """Samples (10 ms) each piece shares with the next, blended linearly."""
 CPU_MAX_BATCH = 4
 SEED = 0
-"""Each segment's source noise starts from this seed: the same text gives the same audio."""
+"""Each part's source noise starts from this seed: the same text gives the same audio."""
 
 
 @dataclass
-class _Segment:
-    """One phoneme segment's state while its pieces are decoded."""
+class _Part:
+    """One part's state while its pieces are decoded: a segment's phonemes, cut to the
+    510 tokens the model takes (``g2p.split``), are its parts."""
 
     prosody: Prosody
     style: torch.Tensor  # (1, 128): the decoder's half
@@ -69,29 +75,29 @@ class _Segment:
 
 
 class KokoroStream(Stream):
-    """One text segment: its phoneme segments, the one being decoded, the aligner."""
+    """One text segment: its parts' phonemes and ids, the part being decoded, the aligner."""
 
     def __init__(self, pack: VoicePack, speed: float, parts: list[str], ids: list[list[int]],
                  aligner: Aligner | None) -> None:
         self.pack, self.speed, self.parts, self.ids, self.aligner = pack, speed, parts, ids, aligner
         self.next_part = 0
-        self.segment: _Segment | None = None
+        self.current: _Part | None = None
         self.offset = 0  # samples given so far
         self.tail: np.ndarray | None = None  # the last piece's overlap with the next one
 
     @property
     def finished(self) -> bool:
-        return self.segment is None and self.next_part == len(self.parts)
+        return self.current is None and self.next_part == len(self.parts)
 
     def cost(self) -> int:
-        if self.segment is None:
-            return FIRST_PIECE_FRAMES + CONTEXT
-        lo, hi = _window(self.segment, self.segment.spans[self.segment.next_span])
+        if self.current is None:
+            return FIRST_PIECE_FRAMES + CONTEXT  # a guess: the part's length is not known yet
+        lo, hi = _window(self.current, self.current.spans[self.current.next_span])
         return hi - lo
 
 
-def _window(segment: _Segment, span: tuple[int, int]) -> tuple[int, int]:
-    return max(0, span[0] - CONTEXT), min(segment.frames, span[1] + CONTEXT)
+def _window(part: _Part, span: tuple[int, int]) -> tuple[int, int]:
+    return max(0, span[0] - CONTEXT), min(part.frames, span[1] + CONTEXT)
 
 
 @dataclass
@@ -99,7 +105,7 @@ class _Turn:
     """A stream's share of a step, computed and not yet committed."""
 
     stream: KokoroStream
-    segment: _Segment
+    part: _Part
     starts: bool
     audio: np.ndarray | None = None  # the window's samples from the piece's start on
 
@@ -113,9 +119,12 @@ class KokoroEngine(Engine):
     compare audio sample for sample."""
 
     def __init__(self, model: Kokoro, packs: dict[str, VoicePack], device: str = "cpu", threads: int | None = None,
-                 precision: str = "auto", language: str | None = None) -> None:
+                 precision: str = "auto", language: str | None = None, windows: bool = False) -> None:
         """``language``: the phonemizer every voice speaks through (None: each voice's
-        own, or English where its own is not installed)."""
+        own, or English where its own is not installed). ``windows``: decode each part in
+        windows, streaming it (see the module's docstring); else whole, in one step, as
+        the official model does."""
+        self.windows = windows
         try:
             self.precision: Precision = resolve(precision, device)
         except ValueError as e:
@@ -192,34 +201,35 @@ class KokoroEngine(Engine):
                 assert isinstance(stream, KokoroStream)
                 if stream.finished:
                     turns.append(None)
-                elif stream.segment is None:
+                elif stream.current is None:
                     turns.append(_Turn(stream, self._start(stream), starts=True))
                 else:
-                    turns.append(_Turn(stream, stream.segment, starts=False))
+                    turns.append(_Turn(stream, stream.current, starts=False))
             self._decode([t for t in turns if t is not None])
         return [self._commit(t) if t is not None else Step([], done=True) for t in turns]
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
-    def _start(self, stream: KokoroStream) -> _Segment:
+    def _start(self, stream: KokoroStream) -> _Part:
         ids = stream.ids[stream.next_part]
         style = stream.pack.style(len(ids)).to(self.device)
         tokens = torch.tensor([[0, *ids, 0]], dtype=torch.long, device=self.device)
         prosody = self.model.prosody(tokens, style, stream.speed)
         phase = self.model.decoder.generator.frame_phase(prosody.f0.float())
         rng = torch.Generator(device=self.device).manual_seed(SEED)
-        spans = piece_spans(prosody.f0.shape[1], FIRST_PIECE_FRAMES, PIECE_FRAMES)
-        return _Segment(prosody, style[:, : self.model.cfg.style_dim], phase, rng, spans)
+        n = prosody.f0.shape[1]
+        spans = piece_spans(n, FIRST_PIECE_FRAMES, PIECE_FRAMES) if self.windows else [(0, n)]
+        return _Part(prosody, style[:, : self.model.cfg.style_dim], phase, rng, spans)
 
-    def _inputs(self, segment: _Segment, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The generator's input and source for decoder frames [lo, hi) of a segment: the
+    def _inputs(self, part: _Part, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The generator's input and source for decoder frames [lo, hi) of a part: the
         frame-rate blocks run on the window with FEATURE_CONTEXT around it."""
-        p = segment.prosody
+        p = part.prosody
         first, last = max(0, lo // 2 - FEATURE_CONTEXT), min(p.asr.shape[2], -(-hi // 2) + FEATURE_CONTEXT)
         x = self.model.decoder.features(p.asr[:, :, first:last], p.f0[:, 2 * first : 2 * last],
-                                        p.energy[:, 2 * first : 2 * last], segment.style)
-        har = self.model.decoder.generator.source_window(p.f0.float(), segment.phase, lo, hi, segment.rng,
+                                        p.energy[:, 2 * first : 2 * last], part.style)
+        har = self.model.decoder.generator.source_window(p.f0.float(), part.phase, lo, hi, part.rng,
                                                          noise=self.source_noise)
         return x[:, :, lo - 2 * first : hi - 2 * first], har
 
@@ -228,32 +238,32 @@ class KokoroEngine(Engine):
         generator = self.model.decoder.generator
         by_width: dict[int, list[tuple[_Turn, int, int]]] = {}
         for turn in turns:
-            lo, hi = _window(turn.segment, turn.segment.spans[turn.segment.next_span])
+            lo, hi = _window(turn.part, turn.part.spans[turn.part.next_span])
             by_width.setdefault(hi - lo, []).append((turn, lo, hi))
         for group in by_width.values():
-            for part in batch_parts(group):
-                inputs = [self._inputs(t.segment, lo, hi) for t, lo, hi in part]
+            for batch in batch_parts(group):
+                inputs = [self._inputs(t.part, lo, hi) for t, lo, hi in batch]
                 x = torch.cat([x for x, _ in inputs])
                 har = torch.cat([h for _, h in inputs])
-                s = torch.cat([t.segment.style for t, _, _ in part])
+                s = torch.cat([t.part.style for t, _, _ in batch])
                 audio = generator(x, s, har.to(x.dtype)).float().cpu().numpy()
-                for row, (turn, lo, _) in enumerate(part):
-                    start = turn.segment.spans[turn.segment.next_span][0]
+                for row, (turn, lo, _) in enumerate(batch):
+                    start = turn.part.spans[turn.part.next_span][0]
                     turn.audio = audio[row, (start - lo) * generator.upsample :]
 
     def _commit(self, turn: _Turn) -> Step:
-        s, segment = turn.stream, turn.segment
+        s, part = turn.stream, turn.part
         assert turn.audio is not None
         out: list[np.ndarray | WordTimings] = []
         if turn.starts:
-            s.segment = segment
+            s.current = part
             if s.aligner is not None:
-                frames = segment.prosody.durations.tolist()
+                frames = part.prosody.durations.tolist()
                 out.append(WordTimings(tuple(s.aligner.sentence(s.parts[s.next_part], frames, s.offset))))
             s.next_part += 1
         upsample = self.model.decoder.generator.upsample
-        start, end = segment.spans[segment.next_span]
-        segment.next_span += 1
+        start, end = part.spans[part.next_span]
+        part.next_span += 1
         piece = turn.audio[: (end - start) * upsample]
         overlap = turn.audio[(end - start) * upsample :][:CROSSFADE]
         if s.tail is not None and not turn.starts:
@@ -262,8 +272,8 @@ class KokoroEngine(Engine):
             piece = piece.copy()
             piece[:n] = s.tail[:n] * (1 - fade) + piece[:n] * fade
         s.tail = overlap if len(overlap) else None
-        if segment.next_span == len(segment.spans):
-            s.segment, s.tail = None, None
+        if part.next_span == len(part.spans):
+            s.current, s.tail = None, None
         s.offset += piece.size
         if piece.size:
             out.append(np.clip(piece, -1.0, 1.0).astype(np.float32, copy=False))

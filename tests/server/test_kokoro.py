@@ -1,5 +1,5 @@
 """A real server on the Kokoro engine (Kokoro-82M's int8 graph from the voxwire[kokoro]
-wheels, its packaged voices) answers every door: protocol v1 (with word timings and a
+wheels, its packaged voices), streaming in windows, answers every door: protocol v1 (with word timings and a
 cancel), the OpenAI route by voice name, Wyoming with its voices described, and
 GET /v1/voices; a bad voice or blend is a coded refusal."""
 
@@ -31,7 +31,7 @@ VOICES = ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    options = EngineOptions(name="kokoro", precision="fp32")
+    options = EngineOptions(name="kokoro", precision="fp32", kokoro_decode="windows")
     with run_server(ServerConfig(engine=options, cache_mb=0, wyoming_port=0, step_timeout=300)) as s:
         yield s
 

