@@ -328,25 +328,14 @@ class EngineSpeaker:
         self.engine, self.whole = engine, whole
 
     def speak_sync(self, text: str):
-        import numpy as np
-
-        from voxwire.benchmarks.loadgen import Heard, UtteranceResult
+        from voxwire.benchmarks.quality.rows import heard_in_process
         from voxwire.engine.base import SynthesisParams
         from voxwire.engine.text import segment
 
         params = SynthesisParams(voice=VOICE)
-        pieces, first = [], float("nan")
-        start = time.perf_counter()
         with one_window(self.engine) if self.whole else contextlib.nullcontext():
-            for seg in segment(text):
-                for piece in self.engine.synthesize(seg, params):
-                    if isinstance(piece, np.ndarray) and piece.size:
-                        pieces.append(piece)
-                        first = first if first == first else (time.perf_counter() - start) * 1000
-        result = UtteranceResult(words=len(text.split()), ttfa_ms=first)
-        result.heard = Heard.of_pieces(pieces, self.engine.sample_rate)
-        result.audio_ms = result.heard.audio.size / self.engine.sample_rate * 1000
-        return result
+            items = (piece for seg in segment(text) for piece in self.engine.synthesize(seg, params))
+            return heard_in_process(text, items, self.engine.sample_rate)
 
     async def speak(self, text: str):
         return self.speak_sync(text)

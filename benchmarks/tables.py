@@ -97,6 +97,19 @@ def rates(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def lexicon(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"| measured | lexicon | median ({r['args']['rounds']} rounds; phonemes: {5 * r['args']['rounds']}) | added | × none |",
+        "|---|---|---|---|---|",
+    ]
+    for what, label in (("ttfa", "first audio, through a server"), ("phonemes", "a reply's phonemes, in-process")):
+        for name, row in r[what].items():
+            lines.append(f"| {label} | {name} | {row['median_ms']:.2f} ms | {row['added_ms']:+.2f} ms | {row['ratio']:.3f} |")
+    for name, row in r.get("ssml_parse", {}).items():
+        lines.append(f"| parsing a reply's SSML, in-process | {name} | {row['median_ms']:.3f} ms | | |")
+    return lines
+
+
 def ray_proxy(r: dict[str, Any]) -> list[str]:
     """One run of benchmarks/studies/ray_proxy.py: TTFA, stalled readers, sockets held."""
     t = r["ttfa_ms"]
@@ -343,6 +356,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "soak": soak,
     "workers": workers,
     "rates": rates,
+    "lexicon": lexicon,
     "ray_proxy": ray_proxy,
     "formats": formats,
     "wyoming": wyoming,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from voxwire.engine.errors import CodedError, ErrorCode
+from voxwire.engine.text.lexicon import Lexicon
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class Voice:
     speakers: tuple[str, ...] = ()
     """A multi-speaker voice's speaker names, each at its speaker id (Piper's
     ``speaker_id_map``); empty for a voice with one speaker."""
+    quality: str = ""
+    """As its maker grades it (Piper's x_low, low, medium, high); "" where none does."""
+    phonemes: str = ""
+    """The phoneme symbols a lexicon may give this voice, one a character; "" where it
+    takes none (then a lexicon may only respell)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -40,7 +46,25 @@ class Voice:
             "sample_rate": self.sample_rate,
             "description": self.description,
             "speakers": list(self.speakers),
+            "quality": self.quality,
+            "phonemes": self.phonemes,
         }
+
+    def check_lexicon(self, lexicon: Lexicon, what: str = "lexicon entry") -> None:
+        """Raise ``EngineError`` (``invalid_lexicon``) naming the first entry this voice
+        cannot say, as ``what`` calls it: phonemes where it takes none, or a symbol outside
+        its alphabet."""
+        for e in lexicon:
+            if e.phonemes is None:
+                continue
+            if not self.phonemes:
+                raise EngineError(ErrorCode.INVALID_LEXICON,
+                                  f"{what} {e.key!r}: voice {self.id!r} takes no phonemes; give a respelling")
+            unknown = sorted({ch for ch in e.phonemes if ch != " " and ch not in self.phonemes})
+            if unknown:
+                raise EngineError(ErrorCode.INVALID_LEXICON,
+                                  f"{what} {e.key!r}: voice {self.id!r} has no phoneme {' '.join(unknown)!r} "
+                                  "(GET /v1/voices lists its phonemes)")
 
     def speaker_id(self, speaker: str | None) -> int | None:
         """The id of ``speaker`` (a name, or an id written as a number), or None for the
@@ -74,6 +98,9 @@ class SynthesisParams:
     speaker: str | None = None
     """A multi-speaker voice's speaker: a name from ``Voice.speakers`` or its id as a
     number; None: the voice's default speaker (id 0, as Piper does)."""
+    lexicon: Lexicon | None = None
+    """How the user wants words said (engine/text/lexicon.py), checked against the voice
+    (``Voice.check_lexicon``)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +184,9 @@ class Engine(ABC):
     clones_voices: bool = False
     """Whether ``register_voice`` can make a voice: the server refuses uploads otherwise,
     before it decodes anything."""
+    cloned_voice_phonemes: str = ""
+    """The ``Voice.phonemes`` of a voice ``register_voice`` makes: the server checks its
+    lexicon files against them at start, before any such voice exists."""
     max_batch: int = 1
     """Streams one ``step`` may advance together; 1 for an engine that cannot batch."""
     step_budget: int | None = None

@@ -36,6 +36,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_VOICE = "unknown_voice"
     UNKNOWN_SPEAKER = "unknown_speaker"
     INVALID_VOICE_BLEND = "invalid_voice_blend"
+    INVALID_LEXICON = "invalid_lexicon"
+    INVALID_SSML = "invalid_ssml"
     NO_VOICE = "no_voice"
     TEXT_TOO_LONG = "text_too_long"
     SESSION_TEXT_LIMIT = "session_text_limit"

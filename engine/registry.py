@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from voxwire.engine.base import Engine, EngineError
 from voxwire.engine.errors import ErrorCode
 from voxwire.engine.precision import SETTINGS as PRECISIONS
+
+if TYPE_CHECKING:
+    from voxwire.engine.piper.engine import VoiceFiles
 
 
 @dataclass(frozen=True)
@@ -23,22 +27,34 @@ class _Entry:
 
 
 def _piper_preflight(options: EngineOptions) -> str | None:
-    from voxwire.engine.piper.engine import default_voices, voice_files_from_path
+    from voxwire.engine.piper.engine import default_voices
 
     try:
-        for path in options.piper_voices:
-            voice_files_from_path(path)
-        if not options.piper_voices:
+        if not _piper_voices(options):
             default_voices()  # a package import: finds a missing voice before the engine loads
     except EngineError as e:
         return f"{e.message}. --piper-voice takes a MODEL.onnx with its MODEL.onnx.json beside it."
     return None
 
 
-def _piper_load(options: EngineOptions) -> Engine:
-    from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
+def _piper_voices(options: EngineOptions) -> list[VoiceFiles]:
+    """The voice files named (--piper-voice), then those of the folder (--piper-voices-dir)."""
+    from voxwire.engine.piper.engine import voice_files_from_path, voices_in
 
-    voices = [voice_files_from_path(p) for p in options.piper_voices] or None
+    files = [voice_files_from_path(p) for p in options.piper_voices]
+    if options.piper_voices_dir is not None:
+        files += voices_in(options.piper_voices_dir)
+    ids = [f.id for f in files]
+    if twice := sorted({i for i in ids if ids.count(i) > 1}):
+        raise EngineError(ErrorCode.BAD_CONFIG, f"two Piper voices are named {', '.join(map(repr, twice))}: a voice's "
+                          "id is its file's name, and each must be one voice's")
+    return files
+
+
+def _piper_load(options: EngineOptions) -> Engine:
+    from voxwire.engine.piper.engine import PiperEngine
+
+    voices = _piper_voices(options) or None
     return PiperEngine(
         voices=voices, backend=options.piper_backend, device=options.device, threads=options.threads,  # type: ignore[arg-type]
         precision=options.precision,
@@ -112,6 +128,11 @@ class EngineOptions:
         default=(),
         metadata={"help": "a Piper voice file (MODEL.onnx, with MODEL.onnx.json beside it)",
                   "flag": "piper-voice", "default_text": "joe"},
+    )
+    piper_voices_dir: Path | None = field(
+        default=None,
+        metadata={"help": "a folder of Piper voices: every MODEL.onnx in it with its MODEL.onnx.json beside it is "
+                  "loaded, after any --piper-voice, in the order of their names", "default_text": "none"},
     )
     model_dir: Path = field(
         default=Path("pretrained_models/CosyVoice2-0.5B"), metadata={"help": "CosyVoice2 model directory"}

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -187,10 +188,14 @@ def adaptive_threads(n: int, share: CpuShare, apply: Callable[[int], None]) -> A
 def adapt_cpu_threads() -> int:
     """Before an engine step: torch's intra-op threads for it, fewer than configured while
     other processes keep the cores busy (``AdaptiveThreads``); the configured count when
-    it was pinned. Cheap: the CPU accounting is read on a thread of its own (``CpuShare``)."""
-    import torch
-
-    return _adaptive.threads_now() if _adaptive is not None else torch.get_num_threads()
+    it was pinned. Cheap: the CPU accounting is read on a thread of its own (``CpuShare``).
+    An engine that never configured torch's pool gets torch's count only where torch is
+    already loaded: importing it here, at the first step of an engine without torch, held
+    a freshly started server's first audio for 2-3 s."""
+    if _adaptive is not None:
+        return _adaptive.threads_now()
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else 1
 
 
 def _set_torch_threads(n: int) -> None:

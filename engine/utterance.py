@@ -15,8 +15,12 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from voxwire.engine.audio_queue import AudioQueue, Failed, Flushed
-from voxwire.engine.base import Stream, SynthesisParams, WordTimings
+from voxwire.engine.base import EngineError, Stream, SynthesisParams, WordTimings
+from voxwire.engine.errors import ErrorCode
+from voxwire.engine.text.inline import InlineError, InlineReader
+from voxwire.engine.text.lexicon import Lexicon
 from voxwire.engine.text.segment import Segmenter, SegmenterLimits
+from voxwire.engine.text.ssml import Boundary, Break, Rate, Script
 from voxwire.engine.worker_lock import WorkerLock
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,11 @@ class _Text:
     final: bool
 
 
+Next = str | Flushed | Break | Rate
+"""What ``take`` gives the worker: a segment's text, a flush marker, a pause to put in
+the audio, or the speed of the segments that follow (an SSML script's)."""
+
+
 class Utterance:
     """One utterance's state, shared between its session and the worker through the
     methods below: the session's take the worker's lock; the worker's are for its thread."""
@@ -72,12 +81,16 @@ class Utterance:
         self._lock = lock
         self._sample_rate = sample_rate
         self._segmenter = Segmenter(limits)  # only ever touched on the worker's thread
-        self._inbox: deque[_Text | Flushed] = deque()
+        self._inline = InlineReader()  # likewise: it reads the text before the segmenter
+        self._inbox: deque[_Text | Flushed | Script] = deque()
         """What the session sent, in order, not yet segmented."""
-        self._todo: deque[str | Flushed] = deque()
+        self._todo: deque[Next] = deque()
         self._stream: Stream | None = None
         self._admitted = False  # its stream's memory is counted against the budget
         self._segment_start = 0
+        self.speed: float | None = None
+        """The speed an SSML script's ``Rate`` set for the segments that follow (None:
+        the request's). The worker's thread alone."""
 
     # -- the session's side: any thread, under the worker's lock ------------------------
 
@@ -87,6 +100,14 @@ class Utterance:
         with self._lock:
             self._inbox.append(_Text(text, final))
             if final and self.state is State.OPEN:
+                self.state = State.COMPLETE
+            self._lock.changed()
+
+    def feed_script(self, script: Script) -> None:
+        """Its whole text, as an SSML document's script (engine/text/ssml.py)."""
+        with self._lock:
+            self._inbox.append(script)
+            if self.state is State.OPEN:
                 self.state = State.COMPLETE
             self._lock.changed()
 
@@ -172,9 +193,8 @@ class Utterance:
         self._lock.on_worker_thread("Utterance.memory_needed")
         return 0 if self._stream is None or self._admitted else self._stream.memory_bytes
 
-    def take(self) -> str | Flushed | None:
-        """What to do next between segments: a segment's text, a flush marker, or None
-        when no segment is waiting."""
+    def take(self) -> Next | None:
+        """What to do next between segments (``Next``), or None when nothing is waiting."""
         self._lock.on_worker_thread("Utterance.take")
         with self._lock:
             if self._todo:
@@ -185,17 +205,56 @@ class Utterance:
             self._todo.extend(todo)
             return self._todo.popleft() if self._todo else None
 
-    def _segment(self, arrived: deque[_Text | Flushed]) -> list[str | Flushed]:
-        todo: list[str | Flushed] = []
+    def _segment(self, arrived: deque[_Text | Flushed | Script]) -> list[Next]:
+        todo: list[Next] = []
         for item in arrived:
+            if isinstance(item, Script):
+                todo.extend(self._script(item))
+                continue
             if isinstance(item, Flushed):
-                todo.extend(self._segmenter.flush())
+                todo.extend(self._segment_end())
                 todo.append(item)
                 continue
-            todo.extend(self._segmenter.push(item.text, final=item.final))
+            todo.extend(self._segmenter.push(self._inline.push(item.text, final=item.final), final=item.final))
             if item.final:
                 todo.extend(self._segmenter.flush())
         return todo
+
+    def _script(self, script: Script) -> list[Next]:
+        """A whole document's segments and what comes between them. The text between two
+        boundaries is one run, segmented as a whole text is: a document of text alone is
+        spoken as that text would be."""
+        todo: list[Next] = []
+        run: list[str] = []
+        for part in [*script.items, Boundary()]:
+            if not isinstance(part, (Boundary, Break, Rate)):
+                run.append(part.text)
+                continue
+            if run:
+                todo.extend(self._segmenter.push(self._inline.push("".join(run), final=True), final=True))
+                run = []
+            todo.extend(self._segment_end())
+            if not isinstance(part, Boundary):
+                todo.append(part)
+        return todo
+
+    def _segment_end(self) -> list[str]:
+        """Whatever is pending, as segments: audio now, or a boundary an SSML script sets.
+        A markup still open is text."""
+        todo = []
+        if held := self._inline.push("", final=True):
+            todo.extend(self._segmenter.push(held))
+        return todo + self._segmenter.flush()
+
+    def written(self, segment: str) -> tuple[str, Lexicon]:
+        """A segment as written, and the entries of its inline phonemes
+        (engine/text/inline.py), in the order its segments are opened. Raises
+        ``EngineError`` (``invalid_lexicon``) for a markup that cannot be read."""
+        self._lock.on_worker_thread("Utterance.written")
+        try:
+            return self._inline.resolve(segment)
+        except InlineError as e:
+            raise EngineError(ErrorCode.INVALID_LEXICON, str(e)) from None
 
     def all_spoken(self) -> bool:
         """No more text can come and none is left to speak. Checked under the lock with

@@ -30,6 +30,8 @@ from voxwire.engine.audio_queue import AudioQueue, Done, Failed, Flushed
 from voxwire.engine.base import Engine, EngineError, Step, Stream, SynthesisParams, WordTimings
 from voxwire.engine.errors import ErrorCode
 from voxwire.engine.memory_budget import MemoryBudget
+from voxwire.engine.text.lexicon import Lexicon
+from voxwire.engine.text.ssml import Break, Rate
 from voxwire.engine.utterance import ENDED, State, Utterance
 from voxwire.engine.worker_lock import WorkerLock
 from voxwire.engine.worker_options import GATHER_CAP, WorkerOptions
@@ -333,13 +335,28 @@ class Worker:
                 if isinstance(segment, Flushed):
                     u.queue.put(segment)
                     continue
+                if isinstance(segment, Rate):
+                    u.speed = segment.speed
+                    continue
+                if isinstance(segment, Break):
+                    # Exact silence at the voice's rate, on the utterance's timeline: the
+                    # words after it are timed after it.
+                    self._deliver(u, Step([np.zeros(round(segment.seconds * u.sample_rate), np.float32)], done=False))
+                    continue
                 self._open(engine, u, segment)
                 break
         return acted
 
-    def _open(self, engine: Engine, u: Utterance, text: str) -> None:
+    def _open(self, engine: Engine, u: Utterance, segment: str) -> None:
         try:
-            stream = engine.open(text, u.params)
+            text, inline = u.written(segment)
+            params = u.params if u.speed is None else replace(u.params, speed=u.speed)
+            if inline:  # its own inline phonemes, over the lexicon the request has
+                voice = engine.voice(params.voice)
+                if voice is not None:
+                    voice.check_lexicon(inline, what="inline phonemes for")
+                params = replace(params, lexicon=(params.lexicon or Lexicon()) | inline)
+            stream = engine.open(text, params)
         except Exception as e:  # contained: this utterance fails, the others go on
             self._fail(u, e)
             return

@@ -53,6 +53,14 @@ class Accounting:
             fields["speaker"] = speaker
         fields.update(figures)
         fields["text_chars"] = len(text)
+        # What an utterance cut short had sent and played: its words counted, and shown
+        # as the text is, only with log_text.
+        for heard in ("text_sent", "text_played"):
+            words = fields.pop(heard, None)
+            if words is not None:
+                fields[heard.replace("text", "words")] = len(words.split())
+                if self.log_text:
+                    fields[heard] = words
         if self.log_text:
             fields["text"] = text
         else:

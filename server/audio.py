@@ -18,29 +18,51 @@ import soxr
 from voxwire.engine.errors import CodedError, ErrorCode, quoted
 from voxwire.server.codecs import CODECS, CompressedEncoder
 
-Format = Literal["pcm_s16le", "pcm_f32le", "mulaw", "opus", "mp3", "aac", "flac"]
+# G.711 in both its laws: mu-law is North America's and Japan's telephone network's, A-law
+# Europe's and most of the rest; a SIP trunk or a telephony bridge there takes A-law only.
+Format = Literal["pcm_s16le", "pcm_f32le", "mulaw", "alaw", "opus", "mp3", "aac", "flac"]
 FORMATS: tuple[str, ...] = get_args(Format)
-PCM_FORMATS: tuple[str, ...] = ("pcm_s16le", "pcm_f32le", "mulaw")
+PCM_FORMATS: tuple[str, ...] = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")
 assert set(FORMATS) == set(PCM_FORMATS) | set(CODECS)
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 48000
 MIN_CHUNK_MS, MAX_CHUNK_MS = 150, 250
 
 _MULAW_BIAS = 0x84
 _MULAW_CLIP = 32635
+# A-law's segments, by the largest 13-bit magnitude each holds (G.711).
+_ALAW_SEGMENT_ENDS = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF])
 
 
 def to_int16(x: np.ndarray) -> np.ndarray:
     return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
+def _magnitude(pcm: np.ndarray) -> np.ndarray:
+    """A sample's magnitude, a negative one's in ones' complement (-1 is 0), as ITU-T's
+    reference G.711 (the G.191 tools) takes it, so that the codes are bit-exact with it."""
+    return np.where(pcm < 0, ~pcm, pcm)
+
+
 def mulaw_encode(x: np.ndarray) -> np.ndarray:
     """G.711 mu-law, from float samples in [-1, 1] to bytes."""
     pcm = to_int16(x).astype(np.int32)
     sign = (pcm < 0).astype(np.int32) << 7
-    magnitude = np.minimum(np.abs(pcm), _MULAW_CLIP) + _MULAW_BIAS
+    magnitude = np.minimum(_magnitude(pcm), _MULAW_CLIP) + _MULAW_BIAS
     exponent = np.floor(np.log2(magnitude)).astype(np.int32) - 7
     mantissa = (magnitude >> (exponent + 3)) & 0x0F
     return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+
+
+def alaw_encode(x: np.ndarray) -> np.ndarray:
+    """G.711 A-law, from float samples in [-1, 1] to bytes."""
+    pcm = to_int16(x).astype(np.int32)
+    sign = (pcm >= 0).astype(np.int32) << 7
+    magnitude = _magnitude(pcm) >> 3  # 13-bit, 0..4095
+    segment = np.searchsorted(_ALAW_SEGMENT_ENDS, magnitude).astype(np.int32)
+    # Segments 0 and 1 share one step (2); each one above doubles it.
+    mantissa = (magnitude >> np.maximum(segment, 1)) & 0x0F
+    # The even bits inverted: a line of silence (0xD5) keeps changing bits for the clock.
+    return ((sign | (segment << 4) | mantissa) ^ 0x55).astype(np.uint8)
 
 
 def encode(x: np.ndarray, fmt: str) -> bytes:
@@ -50,6 +72,8 @@ def encode(x: np.ndarray, fmt: str) -> bytes:
         return np.clip(x, -1.0, 1.0).astype("<f4").tobytes()
     if fmt == "mulaw":
         return mulaw_encode(x).tobytes()
+    if fmt == "alaw":
+        return alaw_encode(x).tobytes()
     raise ValueError(f"unknown format {fmt!r}")
 
 

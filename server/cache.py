@@ -40,6 +40,11 @@ class CacheKey:
     speaker: str | None = None
     """A multi-speaker voice's speaker as the request named it (None: the default one):
     one speaker's audio never answers a request for another."""
+    lexicon: str | None = None
+    """The fingerprint of the lexicon in force (None: none): a word said one way never
+    answers a request that says it another."""
+    text_format: str = "text"
+    """``ssml``: the text is a document, whose markup says what is spoken."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +153,9 @@ class ResultCache:
     @staticmethod
     def key(
         engine: str, voice: str, speed: float, text: str, fast_start: bool | None = None, speaker: str | None = None,
+        lexicon: str | None = None, text_format: str = "text",
     ) -> CacheKey:
-        return CacheKey(engine, voice, speed, normalize(text), fast_start, speaker)
+        return CacheKey(engine, voice, speed, normalize(text), fast_start, speaker, lexicon, text_format)
 
     def get(self, key: CacheKey, with_words: bool = False) -> CachedAudio | None:
         """The entry for ``key``; with ``with_words``, only one that has word timings (a

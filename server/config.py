@@ -77,12 +77,23 @@ class ServerConfig:
     # Any format the socket serves (docs/protocol.md); the loader checks that it can carry
     # the default rate, as a session would.
     default_format: str = setting(
-        "pcm_s16le", "default output format of the socket: PCM, mu-law, or compressed (opus is always 48000 Hz; "
+        "pcm_s16le", "default output format of the socket: PCM, mu-law, A-law, or compressed (opus is always 48000 Hz; "
         "mp3 and aac take only their standard rates)", flag="format", choices=FORMATS,
     )
     default_sample_rate: int | None = setting(
         None, f"default output rate, {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz", flag="sample-rate",
         range=(MIN_SAMPLE_RATE, MAX_SAMPLE_RATE), default_text="the engine's own",
+    )
+    openai_voices: tuple[str, ...] = setting(
+        (), "the voice a name on the OpenAI route speaks with, as NAME=VOICE or NAME=VOICE:SPEAKER (repeat the flag for "
+        "more); stock OpenAI clients send only OpenAI's names (alloy, nova, ...), and a name of "
+        "theirs left unmapped speaks with the default voice", flag="openai-voice", env="VOXWIRE_OPENAI_VOICES",
+        default_text="every OpenAI name speaks with the default voice",
+    )
+    lexicons: tuple[str, ...] = setting(
+        (), "a pronunciation lexicon file (docs/lexicons.md), for every voice as FILE or for one as VOICE=FILE "
+        "(repeat the flag for more; a voice's entries win over everyone's, a request's over both)", flag="lexicon",
+        env="VOXWIRE_LEXICONS", default_text="none",
     )
     default_chunk_ms: int = setting(
         200, f"default chunk duration, {MIN_CHUNK_MS}-{MAX_CHUNK_MS} ms", flag="chunk-ms", range=(MIN_CHUNK_MS, MAX_CHUNK_MS)

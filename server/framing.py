@@ -100,6 +100,11 @@ class Framer:
         self._out = ChunkCutter(engine_rate, settings.sample_rate, settings.chunk_ms)
         self._encoder = open_encoder(settings.format, settings.sample_rate)
         self._words: deque[WordTiming] = deque()
+        self._spoken: list[WordTiming] = []
+        """Every word timed so far, on the stream's timeline, asked for or not: what a
+        cancel says was sent and played."""
+        self.timed = False
+        """The engine has timed words of this utterance."""
         self.frames = 0
         self.samples = 0
         self.bytes = 0
@@ -116,9 +121,12 @@ class Framer:
         if isinstance(item, WordTimings):
             if self._capture is not None:
                 self._captured_words.extend(item.words)
+            scale = self.settings.sample_rate / self._engine_rate  # engine samples -> the stream's
+            words = [WordTiming(w.word, round(w.start * scale), round(w.end * scale)) for w in item.words]
+            self._spoken += words
+            self.timed = True
             if self.settings.timestamps:
-                scale = self.settings.sample_rate / self._engine_rate  # engine samples -> the stream's
-                self._words.extend(WordTiming(w.word, round(w.start * scale), round(w.end * scale)) for w in item.words)
+                self._words.extend(words)
             return []
         if isinstance(item, Flushed):
             return [*self._frames(self._out.flush()), FlushedEvent()]
@@ -136,11 +144,19 @@ class Framer:
 
     def captured(self, segments: int) -> CachedAudio | None:
         """What the cache may keep of a finished utterance: its engine audio, and its
-        words when they were asked for; None when it grew too big to keep."""
+        words where the engine timed them (asked for or not: a replay's cancel says what
+        was heard); None when it grew too big to keep."""
         if not self.finished or not self._capture:
             return None
-        words = tuple(self._captured_words) if self.settings.timestamps else None
+        words = tuple(self._captured_words) if self.timed else None
         return CachedAudio(np.concatenate(self._capture), segments, words)
+
+    def words_within(self, samples: int) -> list[str] | None:
+        """The words whose audio begins within the first ``samples`` of the stream; None
+        where the engine times no words (and some audio there was)."""
+        if not self.timed:
+            return None if samples else []
+        return [w.word for w in self._spoken if w.start < samples]
 
     def _keep(self, piece: np.ndarray) -> None:
         if self._capture is None:

@@ -125,7 +125,7 @@ def _named_credential(name: Any) -> bool:
 
 # What a user asked to be spoken, logged only when the operator sets log_text: verbatim,
 # since keys never travel in it and "Bearer of bad news" is no header.
-_VERBATIM = {("voxwire.utterance", "text")}
+_VERBATIM = {("voxwire.utterance", "text"), ("voxwire.utterance", "text_sent"), ("voxwire.utterance", "text_played")}
 
 
 class RedactCredentials(logging.Filter):

@@ -19,12 +19,16 @@ from dataclasses import replace
 from voxwire.engine.base import Engine, EngineError, SynthesisParams
 from voxwire.engine.errors import CodedError, ErrorCode, quoted
 from voxwire.engine.text import normalize
+from voxwire.engine.text import ssml
+from voxwire.engine.text.lexicon import Lexicon
+from voxwire.engine.text.ssml import Script
 from voxwire.engine.worker import Worker
 from voxwire.server.accounting import Accounting
 from voxwire.server.audio import FormatError, stream_rate
 from voxwire.server.cache import CacheKey, CachedAudio, Replay, ResultCache
+from voxwire.server.lexicons import ServerLexicons
 from voxwire.server.limits import Admission
-from voxwire.server.protocol import StreamSettings
+from voxwire.server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
 from voxwire.server.speech import Speech, UtteranceRequest
 
 RETRY_AFTER_MS = 1000  # a hint: one second is long next to an utterance's first step
@@ -57,6 +61,8 @@ class Pipeline:
         self._draining = draining
         self._speeches: dict[Speech, CacheKey | None] = {}
         """Every open speech, with the key its finished result is cached under (None: not cached)."""
+        self.lexicons = ServerLexicons()
+        """``--lexicon``'s entries, set once the engine is loaded (server/service.py)."""
 
     @property
     def open_utterances(self) -> int:
@@ -112,7 +118,13 @@ class Pipeline:
     def resolve(self, settings: StreamSettings, check_voice: bool = True) -> StreamSettings:
         """The settings as the loaded engine will speak them: the default voice (``""``)
         named, and what only the engine can tell checked (whether it has the voice and
-        the speaker, and whether it can time words). Raises ``Refused``."""
+        the speaker, whether it can time words, and whether the voice can say the
+        lexicon's phonemes). Raises ``Refused``."""
+        return self._resolved(settings, check_voice)[0]
+
+    def _resolved(self, settings: StreamSettings, check_voice: bool = True) -> tuple[StreamSettings, Lexicon]:
+        """``resolve``'s settings, and the lexicon in force: the server's entries for the
+        voice, under the request's own (empty where the voice is not checked)."""
         try:
             engine = self._worker().loaded_engine()
         except EngineError as e:
@@ -128,7 +140,7 @@ class Pipeline:
                 f"this server's engine ({engine.name}) cannot time words; ready.features says what it can do",
             )
         if not check_voice:
-            return settings
+            return settings, Lexicon()
         if not settings.voice:
             default = engine.default_voice()
             if default is None:
@@ -142,15 +154,20 @@ class Pipeline:
             raise Refused(ErrorCode.UNKNOWN_VOICE, f"unknown voice {quoted(settings.voice)}; GET /v1/voices lists them")
         try:
             voice.speaker_id(settings.speaker)
+            # The request's entries win over the server's; both must be sayable.
+            if settings.lexicon:
+                voice.check_lexicon(settings.lexicon)
+            lexicon = self.lexicons.for_voice(voice) | (settings.lexicon or Lexicon())
         except EngineError as e:
             raise Refused(e.code, e.message) from None
-        return settings
+        return settings, lexicon
 
     def _open(self, request: UtteranceRequest) -> Speech:
         if self._draining():
             raise Refused(ErrorCode.SHUTTING_DOWN, "the server is shutting down; reconnect shortly")
-        settings = self.resolve(request.settings)
+        settings, lexicon = self._resolved(request.settings)
         request = replace(request, settings=settings)
+        script = self._script(request) if settings.text_format == "ssml" else None
         if not self.admission.try_start_utterance():
             raise Refused(ErrorCode.OVERLOADED, "the server is at capacity; try again shortly", RETRY_AFTER_MS)
         worker = self._worker()
@@ -158,6 +175,7 @@ class Pipeline:
         key = (
             self.cache.key(
                 engine.name, settings.voice, settings.speed, request.text, settings.fast_start, settings.speaker,
+                lexicon.fingerprint if lexicon else None, settings.text_format,
             )
             if self.cache.enabled
             else None
@@ -166,7 +184,7 @@ class Pipeline:
         hit = self.cache.get(key, with_words=settings.timestamps) if key is not None and request.final else None
         if hit is not None:
             rate = engine.voice_rate(settings.voice)
-            speech = Speech(self, request, Replay(hit, rate), rate, 0)
+            speech = Speech(self, request, Replay(hit, rate), rate, 0, script.ignored if script else ())
             self._speeches[speech] = None
             return speech
         lag = self.admission.limits.max_listener_lag_seconds
@@ -184,7 +202,7 @@ class Pipeline:
             utterance = worker.submit(
                 SynthesisParams(
                     voice=settings.voice, speed=settings.speed, timestamps=settings.timestamps,
-                    fast_start=settings.fast_start, speaker=settings.speaker,
+                    fast_start=settings.fast_start, speaker=settings.speaker, lexicon=lexicon or None,
                 ),
                 asyncio.get_running_loop(),
                 first_clause_words=settings.first_clause_words,
@@ -193,8 +211,22 @@ class Pipeline:
             self.admission.end_utterance()
             raise Refused(e.code, e.message, RETRY_AFTER_MS) from None
         capture = self.cache.max_entry_bytes if key is not None else 0
-        speech = Speech(self, request, utterance, utterance.sample_rate, capture)
+        speech = Speech(self, request, utterance, utterance.sample_rate, capture, script.ignored if script else ())
         self._speeches[speech] = key
-        utterance.feed(request.text, request.final)
+        if script is not None:
+            utterance.feed_script(script)
+        else:
+            utterance.feed(request.text, request.final)
         return speech
+
+    @staticmethod
+    def _script(request: UtteranceRequest) -> Script:
+        """An SSML request's document, read (engine/text/ssml.py). Raises ``Refused``."""
+        if not request.final:
+            raise Refused(ErrorCode.INVALID_SSML, "SSML comes whole: send the whole document as the utterance's "
+                                                  "first and final text")
+        try:
+            return ssml.parse(request.text, request.settings.speed, (MIN_SPEED, MAX_SPEED))
+        except ssml.SsmlError as e:
+            raise Refused(ErrorCode.INVALID_SSML, str(e)) from None
 

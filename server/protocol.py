@@ -15,6 +15,7 @@ import msgpack
 import orjson
 
 from voxwire.engine.errors import CodedError, ErrorCode, quoted
+from voxwire.engine.text.lexicon import Lexicon, LexiconError, from_mapping
 from voxwire.engine.text.segment import SegmenterLimits
 from voxwire.server.audio import (
     FORMATS,
@@ -31,6 +32,9 @@ MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_FIRST_CLAUSE_WORDS = 40
 MAX_CTX_CHARS = 128
 MAX_SPEAKER_CHARS = 128
+MAX_LEXICON_ENTRIES = 500
+"""A request's own lexicon entries: a message stays well under the size limit; a longer
+lexicon belongs in a file (``--lexicon``)."""
 
 
 class ProtocolError(CodedError):
@@ -66,6 +70,12 @@ class StreamSettings:
     first_clause_words: int = SegmenterLimits.first_clause_words
     """Streamed text: the first audio may start at a clause boundary once this many words
     precede it, before the first sentence has ended; 0 waits for the sentence's end."""
+    lexicon: Lexicon | None = None
+    """The client's own pronunciation entries (engine/text/lexicon.py); the pipeline
+    layers them over the server's (``--lexicon``) for each utterance."""
+    text_format: str = "text"
+    """``text``, or ``ssml``: the text is an SSML document (engine/text/ssml.py), which
+    comes whole."""
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a client is told them (``ready.defaults``, ``configured``,
@@ -73,6 +83,7 @@ class StreamSettings:
         with a rate of its own decides (Opus: 48 kHz, whatever was asked). The rate asked
         is kept, not replaced: a later switch to PCM is spoken at it again."""
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["lexicon"] = len(self.lexicon) if self.lexicon else 0  # a count: the client has the entries
         try:
             shown["sample_rate"] = stream_rate(self.format, self.sample_rate)
         except FormatError:
@@ -263,7 +274,39 @@ def validate_settings(obj: dict[str, Any]) -> dict[str, Any]:
                 ErrorCode.INVALID_FIELD, f"\"first_clause_words\" must be an integer from 0 (off) to {MAX_FIRST_CLAUSE_WORDS}"
             )
         out["first_clause_words"] = words
+    if "text_format" in obj:
+        out["text_format"] = text_format_setting(obj["text_format"])
+    if "lexicon" in obj:
+        out["lexicon"] = lexicon_setting(obj["lexicon"])
     return out
+
+
+TEXT_FORMATS = ("text", "ssml")
+
+
+def text_format_setting(value: Any) -> str:
+    """``text_format``: plain text, or an SSML document; null for plain text."""
+    if value is None:
+        return "text"
+    if value not in TEXT_FORMATS:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, "\"text_format\" must be \"text\" or \"ssml\"")
+    return str(value)
+
+
+def lexicon_setting(value: Any) -> Lexicon | None:
+    """A request's lexicon: ``{"word or phrase": "/phonemes/" or "respelling"}``, at most
+    ``MAX_LEXICON_ENTRIES`` entries; null or {} for none. Every door that takes one reads
+    it here."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError(ErrorCode.INVALID_LEXICON, "\"lexicon\" must be an object of \"word\": \"/phonemes/\" or "
+                                                       "\"respelling\" entries, or null")
+    try:
+        lexicon = from_mapping(value, limit=MAX_LEXICON_ENTRIES)
+    except LexiconError as e:
+        raise ProtocolError(ErrorCode.INVALID_LEXICON, str(e)) from None
+    return lexicon or None
 
 
 def _speaker(value: Any) -> str | None:

@@ -20,6 +20,7 @@ from voxwire.server.accounting import Accounting
 from voxwire.server.cache import ResultCache
 from voxwire.server.config import ServerConfig
 from voxwire.server.doors.base import Door, Gate, Host
+from voxwire.server.lexicons import ServerLexicons
 from voxwire.server.limits import Admission, admission_for_process, worker_index
 from voxwire.server.metrics import Metrics, Snapshot
 from voxwire.server.pipeline import Pipeline
@@ -116,6 +117,17 @@ class Service:
             self.supervisor.stop()
             known = ", ".join(v.id for v in voices) or "none yet"
             raise StartupError(f"--voice {voice!r} is not a voice of the {engine.name} engine (its voices: {known})")
+        try:
+            self.pipeline.lexicons = ServerLexicons.load(self.config.lexicons, engine)
+        except ValueError as e:
+            self.supervisor.stop()
+            raise StartupError(str(e)) from None
+        for door in self.doors.values():
+            try:
+                door.check(engine)
+            except ValueError as e:
+                self.supervisor.stop()
+                raise StartupError(str(e)) from None
         for door in self.doors.values():
             try:
                 door.bind()

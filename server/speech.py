@@ -11,7 +11,7 @@ stalled, and nothing more: it holds none of the pipeline's parts.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,11 +56,13 @@ class Speech:
 
     def __init__(
         self, owner: SpeechOwner, request: UtteranceRequest, source: Utterance | Replay, engine_rate: int,
-        capture_bytes: int,
+        capture_bytes: int, ignored: Sequence[str] = (),
     ) -> None:
         """``capture_bytes``: how much of its engine audio to keep for the result cache
-        (0: none, as for a replay, or with the cache off)."""
+        (0: none, as for a replay, or with the cache off). ``ignored``: what of its SSML
+        was spoken as plain text or left out, for the door to say once."""
         self.request = request
+        self.ignored = tuple(ignored)
         self.settings = request.settings
         self.received_at = time.monotonic()
         self.first_frame_at: float | None = None
@@ -77,6 +79,7 @@ class Speech:
         self._finishing = False
         self._flush_at_end = False
         self._sent_all = False
+        self._played: int | None = None
 
     # -- what a door reads ------------------------------------------------------------------
 
@@ -109,6 +112,22 @@ class Speech:
     def frames_sent(self) -> int:
         """How many frames its events have given so far."""
         return self._framer.frames
+
+    @property
+    def text_sent(self) -> str | None:
+        """The words whose audio has been given to the door, as the engine timed them,
+        space-separated; None where the engine times no words."""
+        words = self._framer.words_within(self._framer.samples)
+        return None if words is None else " ".join(words)
+
+    @property
+    def text_played(self) -> str | None:
+        """The words whose audio the client has reported played (``progress``); None
+        before any report, or where the engine times no words."""
+        if self._played is None:
+            return None
+        words = self._framer.words_within(self._played)
+        return None if words is None else " ".join(words)
 
     @property
     def heard_by(self) -> float | None:
@@ -191,10 +210,11 @@ class Speech:
         """The client has played ``samples`` of this utterance (at the stream's rate):
         compute at most ``window_seconds`` of audio beyond that. A cached replay computes
         nothing, so there is nothing to hold."""
+        self._played = min(samples, self._framer.samples)
         if isinstance(self._source, Replay):
             return
         rate = self._engine_rate
-        played = min(samples, self._framer.samples) * rate // self.settings.sample_rate
+        played = self._played * rate // self.settings.sample_rate
         self._source.queue.pace(round(window_seconds * rate), played)
 
     def drop_queued(self) -> None:
@@ -220,5 +240,10 @@ class Speech:
             self._source.cancel()
         self._framer.close()
         done = outcome == "done"
-        figures: dict[str, object] = self.figures().to_dict() if done else {"samples": self._framer.samples, "chunks": self._framer.frames}
+        figures: dict[str, object] = self.figures().to_dict() if done else {
+            "samples": self._framer.samples, "chunks": self._framer.frames,
+            # What the listener got of an utterance cut short: its text goes to the log
+            # only as the rest of its text does (log_text).
+            "text_sent": self.text_sent, "text_played": self.text_played,
+        }
         self._owner.ended(self, outcome, code, figures, self._framer.captured(self._source.segments) if done else None)

@@ -1,4 +1,4 @@
-"""``voxwire serve | say | bench``: dispatch to the part that owns the command.
+"""``voxwire serve | say | bench | voices``: dispatch to the part that owns the command.
 
 Each part is imported only when its command runs, so ``voxwire say`` loads no model code
 and ``voxwire serve`` loads neither the client nor the benchmarks.
@@ -14,6 +14,7 @@ COMMANDS = {
     "say": "speak text through a server to a WAV file (see: voxwire say --help)",
     "bench": "measure any TTS server's first audio: Voxwire, OpenAI-compatible, Wyoming, Piper HTTP "
              "(see: voxwire bench --help)",
+    "voices": "list Piper's public voices, or download some for --piper-voices-dir (see: voxwire voices --help)",
 }
 
 
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         return say_main(argv)
+    if command == "voices":
+        from voxwire.engine.piper.catalog import main as voices_main
+
+        return voices_main(argv[1:])
     if command == "bench":
         from voxwire.benchmarks.bench import main as bench_main
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,22 +116,29 @@ class EngineSession:
 
     def speak_sync(self, text: str) -> UtteranceResult:
         self.reseed(text)
-        start = time.perf_counter()
-        pieces, first = [], float("nan")
-        for piece in self.engine.synthesize(text, self.params):
-            if isinstance(piece, np.ndarray) and piece.size:
-                pieces.append(piece)
-                first = first if first == first else (time.perf_counter() - start) * 1000
-        result = UtteranceResult(words=len(text.split()), ttfa_ms=first)
-        result.heard = Heard.of_pieces(pieces, self.engine.sample_rate)
-        result.audio_ms = result.heard.audio.size / self.engine.sample_rate * 1000
-        return result
+        return heard_in_process(text, self.engine.synthesize(text, self.params), self.engine.sample_rate)
 
     async def speak(self, text: str) -> UtteranceResult:
         return await asyncio.to_thread(self.speak_sync, text)
 
     async def close(self) -> None:
         self.engine.close()
+
+
+def heard_in_process(text: str, items: Iterable[object], rate: int) -> UtteranceResult:
+    """An engine's output for ``text``, drawn here (its audio pieces, anything else
+    skipped), as a row's result: first audio from the first draw, the pieces' joins as
+    the seams."""
+    start = time.perf_counter()
+    pieces, first = [], float("nan")
+    for piece in items:
+        if isinstance(piece, np.ndarray) and piece.size:
+            pieces.append(piece)
+            first = first if first == first else (time.perf_counter() - start) * 1000
+    result = UtteranceResult(words=len(text.split()), ttfa_ms=first)
+    result.heard = Heard.of_pieces(pieces, rate)
+    result.audio_ms = result.heard.audio.size / rate * 1000
+    return result
 
 
 def _opened(session: Session) -> Callable[[], Awaitable[Session]]:

@@ -15,6 +15,7 @@ const SETTINGS = {
   sampleRate: 'sample_rate', sample_rate: 'sample_rate', chunkMs: 'chunk_ms', chunk_ms: 'chunk_ms',
   timestamps: 'timestamps', fastStart: 'fast_start', fast_start: 'fast_start',
   firstClauseWords: 'first_clause_words', first_clause_words: 'first_clause_words',
+  lexicon: 'lexicon', textFormat: 'text_format', text_format: 'text_format',
 };
 
 const SUBPROTOCOL = 'voxwire.v1';
@@ -47,7 +48,7 @@ export function defaultUrl() {
 // What this client can play as it arrives: PCM, and Opus where the browser decodes it
 // (WebCodecs). Opus elsewhere falls back to 16-bit PCM; mp3, aac and flac are for files
 // (the OpenAI route, `voxwire say`), not for this player.
-export const PLAYABLE_FORMATS = ['pcm_s16le', 'pcm_f32le', 'mulaw', 'opus'];
+export const PLAYABLE_FORMATS = ['pcm_s16le', 'pcm_f32le', 'mulaw', 'alaw', 'opus'];
 const FALLBACK_FORMAT = 'pcm_s16le'; // every server sends it
 
 const canPlay = (format) => PLAYABLE_FORMATS.includes(format) && (format !== 'opus' || canDecodeOpus());

@@ -216,7 +216,9 @@ class CosyVoice2Engine(Engine):
             raise EngineError(ErrorCode.BAD_SPEED, f"speed {params.speed} is outside 0.5-2.0")
         if len(text) > MAX_TEXT_CHARS:
             raise EngineError(ErrorCode.TEXT_TOO_LONG, f"text is {len(text)} characters; at most {MAX_TEXT_CHARS}")
-        ids = self.tokenizer.encode(normalize_text(text))
+        # CosyVoice2 reads text, not phonemes: a lexicon may only respell (its voices list
+        # no phonemes, so the pipeline refuses phoneme entries).
+        ids = self.tokenizer.encode(normalize_text(params.lexicon.respelled(text) if params.lexicon else text))
         self._utterance += 1  # the seed follows the order of arrival
         seed = (self._seed + self._utterance) % (1 << 63)
         return self._open(stored.prompt, ids, params.speed, seed, fast_start=self.fast_start_for(params, stored))

@@ -23,6 +23,8 @@ samples, blended, so that the change of statistics at a join is not a step.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,7 @@ import torch
 
 from voxwire.engine.base import Engine, EngineError, Step, Stream, SynthesisParams, Voice, WordTimings
 from voxwire.engine.errors import ErrorCode
-from voxwire.engine.kokoro.g2p import Phonemizer, split
+from voxwire.engine.kokoro.g2p import Phonemizer, alphabet, split
 from voxwire.engine.kokoro.model import SAMPLE_RATE, Kokoro, KokoroConfig, Prosody
 from voxwire.engine.kokoro.voices import VoicePack, blend, packaged_voices, voices_in
 from voxwire.engine.piper.alignment import Aligner
@@ -53,6 +55,8 @@ reach about 9 frames each side."""
 CROSSFADE = 240
 """Samples (10 ms) each piece shares with the next, blended linearly."""
 CPU_MAX_BATCH = 4
+MAX_BLENDS_KEPT = 64
+"""Blends kept mixed, the most recently used: a request may name any blend at all."""
 SEED = 0
 """Each part's source noise starts from this seed: the same text gives the same audio."""
 
@@ -94,6 +98,10 @@ class KokoroStream(Stream):
             return FIRST_PIECE_FRAMES + CONTEXT  # a guess: the part's length is not known yet
         lo, hi = _window(self.current, self.current.spans[self.current.next_span])
         return hi - lo
+
+
+def _is_blend(voice_id: str) -> bool:
+    return any(ch in voice_id for ch in "+*(")
 
 
 def _window(part: _Part, span: tuple[int, int]) -> tuple[int, int]:
@@ -138,7 +146,12 @@ class KokoroEngine(Engine):
         self.width_costs_time = not gpu
         self.model = model.to(device).eval()
         self.packs = packs
+        self._language = language
         self._phonemizers: dict[str, Phonemizer] = {}
+        # Blends as requests name them, each read and mixed once: the pipeline asks for the
+        # voice on the event loop and the stream opens on the worker, hence the lock.
+        self._blends: OrderedDict[str, tuple[VoicePack, Voice]] = OrderedDict()
+        self._blends_lock = threading.Lock()
         self._speaks: dict[str, str] = {}
         for name, pack in packs.items():
             self._speaks[name] = self._phonemizer(language or pack.language, fallback=language is None).language
@@ -159,7 +172,7 @@ class KokoroEngine(Engine):
     def _describe(pack: VoicePack, speaks: str) -> Voice:
         note = "" if speaks == pack.language else f" (speaking {speaks}: its own language's phonemizer is not installed)"
         return Voice(id=pack.name, name=pack.name, language=speaks, sample_rate=SAMPLE_RATE,
-                     description=pack.description + note)
+                     description=pack.description + note, phonemes=alphabet())
 
     def voices(self) -> list[Voice]:
         return list(self._voices)
@@ -168,19 +181,31 @@ class KokoroEngine(Engine):
         """A voice, or a blend of voices (``voices.blend``): a blend that names an unknown
         voice or cannot be read raises ``EngineError`` saying which."""
         known = next((v for v in self._voices if v.id == voice_id), None)
-        if known is not None or not any(ch in voice_id for ch in "+*("):
+        if known is not None or not _is_blend(voice_id):
             return known
-        pack = blend(voice_id, self.packs)
-        first = voice_id.split("+", 1)[0].split("*", 1)[0].split("(", 1)[0].strip()
-        return self._describe(pack, self._speaks[first]) if first in self._speaks else None
+        return self._blend(voice_id)[1]
+
+    def _blend(self, spec: str) -> tuple[VoicePack, Voice]:
+        with self._blends_lock:
+            hit = self._blends.get(spec)
+            if hit is not None:
+                self._blends.move_to_end(spec)
+                return hit
+        pack = blend(spec, self.packs)
+        speaks = self._phonemizer(self._language or pack.language, fallback=self._language is None).language
+        hit = (pack, self._describe(pack, speaks))
+        with self._blends_lock:
+            self._blends[spec] = hit
+            while len(self._blends) > MAX_BLENDS_KEPT:
+                self._blends.popitem(last=False)
+        return hit
 
     def _pack(self, voice_id: str) -> tuple[VoicePack, str]:
         if voice_id in self.packs:
             return self.packs[voice_id], self._speaks[voice_id]
-        if any(ch in voice_id for ch in "+*("):
-            voice = self.voice(voice_id)
-            if voice is not None:
-                return blend(voice_id, self.packs), voice.language
+        if _is_blend(voice_id):
+            pack, voice = self._blend(voice_id)
+            return pack, voice.language
         raise EngineError(ErrorCode.UNKNOWN_VOICE, f"no voice {voice_id[:64]!r}")
 
     def open(self, text: str, params: SynthesisParams) -> Stream:
@@ -188,8 +213,10 @@ class KokoroEngine(Engine):
         if params.speaker is not None:
             raise EngineError(ErrorCode.UNKNOWN_SPEAKER, f"voice {params.voice!r} has one speaker; name none")
         phonemizer = self._phonemizer(language)
-        parts = split(phonemizer.phonemes(text))
-        aligner = phonemizer.aligner(text, parts) if params.timestamps else None
+        # A part of punctuation alone ("...", "—") has nothing to say, yet the model makes
+        # half a second of breath of it; Piper's espeak-ng gives no phonemes, so no audio.
+        parts = [p for p in split(phonemizer.phonemes(text, params.lexicon)) if any(ch.isalpha() for ch in p)]
+        aligner = phonemizer.aligner(text, parts, params.lexicon) if params.timestamps else None
         return KokoroStream(pack, params.speed, parts, [phonemizer.token_ids(p) for p in parts], aligner)
 
     def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:

@@ -34,6 +34,7 @@ from types import SimpleNamespace
 from voxwire.engine.base import EngineError
 from voxwire.engine.errors import ErrorCode
 from voxwire.engine.piper.alignment import KOKORO, Aligner, word_phonemes
+from voxwire.engine.text.lexicon import Lexicon, Phonemes
 
 MAX_TOKENS = 510
 """The most phoneme tokens one segment may have: the context of 512 less its two pads."""
@@ -66,6 +67,11 @@ def vocab() -> Mapping[str, int]:
         raise EngineError(ErrorCode.MODEL_MISSING, f"Kokoro's vocabulary is not installed: {_INSTALL}") from None
     table: dict[str, int] = json.loads((data / "vocab.json").read_text(encoding="utf-8"))["vocab"]
     return table
+
+
+def alphabet() -> str:
+    """The symbols a lexicon may give a Kokoro voice: the vocabulary less the word space."""
+    return "".join(sorted(ch for ch in vocab() if ch != " "))
 
 
 def _english(british: bool) -> Callable[[str], str]:
@@ -142,9 +148,16 @@ class Phonemizer:
         # each), but one instance is not safe from two threads at once.
         self._lock = threading.Lock()
 
-    def phonemes(self, text: str) -> str:
+    def phonemes(self, text: str, lexicon: Lexicon | None = None) -> str:
         """``text``'s phonemes, only the vocabulary's characters kept (as the model keeps
-        them), whitespace runs made one space."""
+        them), whitespace runs made one space; the lexicon's phonemes in place of its
+        words."""
+        if not lexicon:
+            return self._phonemized(text)
+        out = [str(p) if isinstance(p, Phonemes) else self._phonemized(p) for p in lexicon.pieces(text)]
+        return _SPACES.sub(" ", " ".join(out)).strip()
+
+    def _phonemized(self, text: str) -> str:
         with self._lock:
             raw = self._g2p(text)
         kept = "".join(ch for ch in raw if ch in self.vocab)
@@ -157,12 +170,12 @@ class Phonemizer:
     def ids_per_phoneme(self, phoneme: str) -> int:
         return 1 if phoneme in self.vocab else 0
 
-    def aligner(self, text: str, segments: Sequence[str]) -> Aligner:
+    def aligner(self, text: str, segments: Sequence[str], lexicon: Lexicon | None = None) -> Aligner:
         """The word aligner of a text spoken as ``segments`` (its phonemes, ``split``):
         ``aligner.sentence(segment, frames, offset)`` for each segment in turn, ``frames``
         the duration predictor's frames per id (both pads included), gives the segment's
         ``WordTiming``s in samples (``HOP`` a frame), ``offset`` its first sample."""
-        words = word_phonemes(text, lambda word: [list(self.phonemes(word))], self.ids_per_phoneme)
+        words = word_phonemes(text, lambda word: [list(self.phonemes(word, lexicon))], self.ids_per_phoneme)
         return Aligner(words, segments, self.ids_per_phoneme, HOP, layout=KOKORO)
 
 

@@ -27,16 +27,15 @@ _UNUSED = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
 def _fold(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``weight_g`` and ``weight_v`` as the weight they make: g * v / |v|, the norm over
     every dimension but the first (torch's ``weight_norm`` with dim=0)."""
+    named = {key.removeprefix("module."): value for key, value in state.items()}
     out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        key = key.removeprefix("module.")
+    for key, value in named.items():
         if key.endswith(".weight_g"):
             continue
         if key.endswith(".weight_v"):
-            g = state[key[: -len("weight_v")] + "weight_g"] if key[: -len("weight_v")] + "weight_g" in state \
-                else state["module." + key[: -len("weight_v")] + "weight_g"]
+            stem = key.removesuffix("weight_v")
             dims = tuple(range(1, value.dim()))
-            out[key[: -len("weight_v")] + "weight"] = g * value / value.norm(dim=dims, keepdim=True)
+            out[stem + "weight"] = named[stem + "weight_g"] * value / value.norm(dim=dims, keepdim=True)
         else:
             out[key] = value
     return out

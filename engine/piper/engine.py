@@ -11,6 +11,7 @@ its first pieces from one step.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,7 @@ from voxwire.engine.piper.chunked import (
     FIRST_PIECE_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
 from voxwire.engine.precision import Precision, dtype, resolve
+from voxwire.engine.text.lexicon import Lexicon, Phonemes
 from voxwire.engine.threads import configure_cpu_threads, onnx_session_options
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,33 @@ def voice_files_from_path(path: Path) -> VoiceFiles:
     return VoiceFiles(id=voice_id, model=path, config=config, name=voice_id)
 
 
+def voices_in(folder: Path) -> list[VoiceFiles]:
+    """Every voice of a folder (not its subfolders), in the order of their names: each
+    ``MODEL.onnx`` with its ``MODEL.onnx.json`` beside it. A model without its config
+    is left out, with a warning naming it (piper-tts could not read it either)."""
+    if not folder.is_dir():
+        raise EngineError(ErrorCode.MODEL_MISSING, f"Piper voices folder not found: {folder}")
+    out = []
+    for model in sorted(folder.glob("*.onnx")):
+        if not model.with_name(model.name + ".json").is_file():
+            log.warning("Piper voice %s has no %s.json beside it; it is not loaded", model, model.name)
+            continue
+        out.append(voice_files_from_path(model))
+    if not out:
+        raise EngineError(ErrorCode.MODEL_MISSING, f"no Piper voice (MODEL.onnx with MODEL.onnx.json) in {folder}")
+    return out
+
+
+def _trimmed(phonemes: list[str]) -> list[str]:
+    """Without word spaces at either end."""
+    start, end = 0, len(phonemes)
+    while start < end and phonemes[start] == " ":
+        start += 1
+    while end > start and phonemes[end - 1] == " ":
+        end -= 1
+    return phonemes[start:end]
+
+
 class _LoadedVoice:
     """One voice: its phonemizer and config, and the model on the chosen backend."""
 
@@ -116,7 +145,10 @@ class _LoadedVoice:
         from piper.config import PiperConfig
 
         with open(files.config, encoding="utf-8") as f:
-            self.config = PiperConfig.from_dict(json.load(f))
+            raw = json.load(f)
+        self.config = PiperConfig.from_dict(raw)
+        quality = raw.get("audio", {}).get("quality") if isinstance(raw.get("audio"), dict) else None
+        self.quality = quality if isinstance(quality, str) else ""
         self.files = files
         self.backend = backend
         self.gain = 1.0
@@ -156,7 +188,38 @@ class _LoadedVoice:
             sample_rate=self.config.sample_rate,
             description=self.files.description,
             speakers=self.speakers,
+            quality=self.quality,
+            phonemes=self.alphabet,
         )
+
+    @functools.cached_property
+    def alphabet(self) -> str:
+        """The symbols a lexicon may use: the voice's phonemes and marks, less its pad,
+        start and end ids (``_ ^ $``) and the word space."""
+        keys = (k for k in self.config.phoneme_id_map if len(k) == 1 and k not in "_^$ ")
+        return "".join(sorted(keys))
+
+    def phonemize(self, text: str, lexicon: Lexicon | None = None) -> list[list[str]]:
+        """``text``'s sentences as phonemes (espeak-ng's), with the lexicon's phonemes
+        spliced in place of its words: a lexicon piece goes on the sentence it is in, and
+        the text after it goes on that sentence, unless the piece ended it (``.!?``)."""
+        if not lexicon:
+            return [p for p in self.piper.phonemize(text) if p]
+        sentences: list[list[str]] = []
+        going_on = False  # whether the last sentence is still open
+        for piece in lexicon.pieces(text):
+            if isinstance(piece, Phonemes):
+                new = [list(piece)]
+            else:
+                new = [p for p in self.piper.phonemize(piece) if p]
+            if not new:
+                continue
+            if going_on:
+                sentences[-1] = [*_trimmed(sentences[-1]), " ", *_trimmed(new[0])]
+                new = new[1:]
+            sentences += new
+            going_on = bool(sentences) and _trimmed(sentences[-1])[-1:] not in (["."], ["!"], ["?"])
+        return [s for s in sentences if _trimmed(s)]
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         return [self.piper.phonemes_to_ids(p) for p in self.piper.phonemize(text) if p]
@@ -276,10 +339,12 @@ class PiperEngine(Engine):
         if voice is None:
             raise EngineError(ErrorCode.UNKNOWN_VOICE, f"no voice {params.voice!r}")
         # Phonemizing is cheap next to synthesis (a few ms of espeak-ng).
-        sentences = [p for p in voice.piper.phonemize(text) if p]
+        sentences = voice.phonemize(text, params.lexicon)
         aligner = None
         if params.timestamps and voice.vits is not None:
-            words = word_phonemes(text, voice.piper.phonemize, voice.ids_per_phoneme)
+            # Each written word alone, as the lexicon says it: the timings name the words
+            # as written, however they are said.
+            words = word_phonemes(text, lambda word: voice.phonemize(word, params.lexicon), voice.ids_per_phoneme)
             aligner = Aligner(words, sentences, voice.ids_per_phoneme, voice.config.hop_length)
         return voice, sentences, aligner
 

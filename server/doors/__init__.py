@@ -2,7 +2,7 @@
 module, and none aware of another.
 
 - ``ws``: protocol v1 over a WebSocket, ``/v1/stream`` (websocket/);
-- ``http``: OpenAI's ``POST /v1/audio/speech`` (openai.py);
+- ``http``: OpenAI's ``POST /v1/audio/speech`` (openai/, its voice names in voices.py);
 - ``wyoming``: Home Assistant's Wyoming protocol over TCP, with ``--wyoming-port`` (wyoming/).
 
 A new door is one class and one line here (or one argument to ``create_app``); the

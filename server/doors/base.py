@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from starlette.routing import BaseRoute
 
+from voxwire.engine.base import Engine
 from voxwire.engine.errors import ErrorCode
 from voxwire.engine.text import expanded_length
 from voxwire.server.accounting import Accounting
@@ -265,6 +266,10 @@ class Door:
     def routes(self) -> list[BaseRoute]:
         """The HTTP and WebSocket routes this door adds to the app."""
         return []
+
+    def check(self, engine: Engine) -> None:
+        """Refuse, before serving, this door's settings that the loaded engine cannot
+        honour (a voice it does not have): one line ends startup. Raises ValueError."""
 
     def bind(self) -> None:
         """Claim what the door listens on, before serving: a port that cannot be had ends

@@ -326,3 +326,35 @@ def test_a_groups_cpu_accounting_is_read_as_cgroup_v2_and_v1_keep_it(tmp_path):
     assert quota is not None and not quota.v2 and quota.used_seconds() == pytest.approx(7.25)
     (v1["root"] / "cpu,cpuacct" / "cpuacct.usage").unlink()  # cpuacct mounted apart: unknown
     assert quota.used_seconds() is None
+
+
+TORCHLESS_UTTERANCE = """
+import asyncio, sys
+from tests.fixtures.engines import ToneEngine
+from tests.fixtures.waiting import drain
+from voxwire.engine.base import SynthesisParams
+from voxwire.engine.worker import Worker
+from voxwire.engine.worker_options import WorkerOptions
+
+async def main():
+    worker = Worker(ToneEngine, WorkerOptions(warmup=False)).start()
+    worker.wait_ready(30)
+    u = worker.submit(SynthesisParams(voice="tone"), asyncio.get_running_loop())
+    u.feed("one two three.", final=True)
+    audio, end = await drain(u)
+    worker.stop()
+    print(type(end).__name__, audio.size, "torch" in sys.modules)
+
+asyncio.run(main())
+"""
+
+
+def test_an_engine_without_torch_steps_without_importing_it():
+    # adapt_cpu_threads imported torch at the first step of an engine that has none: a
+    # freshly started server's first audio waited 2-3 s for the import.
+    out = subprocess.run(
+        [sys.executable, "-c", TORCHLESS_UTTERANCE], cwd=Path(__file__).resolve().parents[2],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.split()
+    assert out[0] == "Done" and int(out[1]) > 0
+    assert out[2] == "False"

@@ -93,6 +93,55 @@ def test_a_default_voice_the_engine_lacks_refuses_to_start():
     assert "'nobody' is not a voice of the piper engine (its voices: joe)" in run.stderr
 
 
+@pytest.mark.slow  # a spawned server loads the engine
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        ("nova=nobody", "--openai-voice nova=nobody: the piper engine has no voice 'nobody' (its voices: joe)"),
+        ("nova=joe:bob", "--openai-voice nova=joe:bob: voice 'joe' has one speaker"),
+    ],
+)
+def test_an_openai_voice_map_to_a_voice_the_engine_lacks_refuses_to_start(entry, says):
+    run = serve("--openai-voice", entry)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert says in run.stderr, run.stderr
+
+
+@pytest.mark.slow  # a spawned server loads the engine
+@pytest.mark.parametrize(
+    "entries, says",
+    [
+        (["nova"], "--openai-voice nova: must be NAME=VOICE or NAME=VOICE:SPEAKER"),
+        (["=joe"], "--openai-voice =joe: must be NAME=VOICE"),
+        (["nova="], "--openai-voice nova=: must be NAME=VOICE"),
+        (["nova=joe", "nova=joe"], "--openai-voice nova=joe: 'nova' is mapped twice"),
+    ],
+)
+def test_an_openai_voice_map_entry_that_cannot_be_read_refuses_to_start(entries, says):
+    run = serve(*(a for e in entries for a in ("--openai-voice", e)))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert says in run.stderr, run.stderr
+
+
+@pytest.mark.slow  # a spawned server loads the engine
+@pytest.mark.parametrize(
+    "flag, lines, says",
+    [
+        ("{file}", "Vox wire! = x\n", "--lexicon {file}: lexicon entry 'Vox wire!': {file}:1: a key is one or more words"),
+        ("{file}", "nginx = /ˈɛn€/\n", "--lexicon {file}: lexicon entry 'nginx': voice 'joe' has no phoneme '€'"),
+        ("joe={file}", "nginx = /ˈɛn€/\n", "--lexicon joe={file}: lexicon entry 'nginx': voice 'joe' has no phoneme"),
+        ("nobody={file}", "nginx = engine x\n", "--lexicon nobody={file}: the piper engine has no voice 'nobody'"),
+        ("{missing}", "", "--lexicon {missing}: cannot read it (No such file or directory)"),
+    ],
+)
+def test_a_lexicon_that_cannot_be_used_refuses_to_start(tmp_path, flag, lines, says):
+    file, missing = tmp_path / "names.txt", tmp_path / "missing.txt"
+    file.write_text(lines, encoding="utf-8")
+    run = serve("--lexicon", flag.format(file=file, missing=missing))
+    line = one_line(run)
+    assert line.startswith("voxwire: --lexicon") and says.format(file=file, missing=missing) in line, line
+
+
 def test_help_names_each_settings_file_key():
     run = subprocess.run([sys.executable, "-m", "voxwire", "serve", "--help"], capture_output=True, text=True, timeout=60)
     text = " ".join(run.stdout.split())  # argparse wraps lines

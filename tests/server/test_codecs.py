@@ -143,7 +143,7 @@ def test_opus_is_sent_at_48_khz_whatever_rate_was_asked():
     assert {stream_rate("opus", r) for r in (8000, 16000, 22050, 24000, 48000)} == {48000}
 
 
-@pytest.mark.parametrize("fmt,rate", [("flac", 22050), ("flac", 9000), ("mp3", 22050), ("aac", 8000), ("mulaw", 11111)])
+@pytest.mark.parametrize("fmt,rate", [("flac", 22050), ("flac", 9000), ("mp3", 22050), ("aac", 8000), ("mulaw", 11111), ("alaw", 11111)])
 def test_rates_a_codec_takes_are_kept(fmt, rate):
     assert stream_rate(fmt, rate) == rate
 
@@ -168,6 +168,7 @@ def test_describe_names_container_and_codec():
     assert describe("opus") == {"container": "ogg", "codec": "opus"}
     assert describe("aac") == {"container": "adts", "codec": "aac"}
     assert describe("pcm_s16le") == {"container": "raw", "codec": "pcm_s16le"}
+    assert describe("alaw") == {"container": "raw", "codec": "alaw"}
 
 
 def test_the_streams_are_what_standard_tools_recognise():

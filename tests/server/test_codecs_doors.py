@@ -1,6 +1,7 @@
 """Opus, MP3, AAC and FLAC through both doors, with real speech (Piper) on a real server:
 the WebSocket protocol (Python client and raw frames) and the OpenAI route (the real
-``openai`` SDK). Each decodes with PyAV to the speech of the PCM stream of the same text.
+``openai`` SDK). Each decodes with PyAV to the speech of the PCM stream of the same text;
+so do G.711's mu-law and A-law on the socket, at the telephone rates.
 
 Piper's durations are stochastic, so the server here keeps a result cache: the PCM and
 each compressed stream of one text are then made from the very same engine audio, and
@@ -21,11 +22,13 @@ import soxr
 import websockets
 
 from voxwire.engine.registry import EngineOptions
+from voxwire.server.audio import encode
 from voxwire.server.config import ServerConfig
 from tests.conftest import run_server
 from tests.server.codec_checks import assert_matches_pcm, decode
 from tests.server.test_stream import SENTENCE, SEVERAL, assert_speech
 from voxwire_client import Client
+from voxwire_client.formats import to_float32
 from voxwire_client.sync import synthesize_async
 
 COMPRESSED = ("opus", "mp3", "aac", "flac")
@@ -66,6 +69,30 @@ async def test_websocket_frames_decode_to_the_pcm_streams_speech(server, fmt):
     assert done["samples"] == pcm.size
     decoded = assert_matches_pcm(data, pcm, fmt, rate)
     assert_speech(decoded, rate, words=9)
+
+
+@pytest.mark.parametrize("fmt", ["mulaw", "alaw"])
+async def test_g711_frames_are_the_g711_of_the_pcm_stream(server, fmt):
+    native = await pcm_reference(server, SENTENCE, 22050)  # Piper's own rate: the engine audio
+    sizes = {}
+    for rate in (8000, 16000):
+        async with await Client.connect(server.ws) as client:
+            u = await client.speak(SENTENCE, format=fmt, sample_rate=rate)
+            frames, done = await u.collect()
+        started = u.started.data
+        assert (started["format"], started["sample_rate"], started["container"], started["codec"]) == (fmt, rate, "raw", fmt)
+        data = b"".join(f.data for f in frames)
+        assert len(data) == done["bytes"] == done["samples"] == sum(f.samples for f in frames)  # a byte a sample
+        # The engine's samples, resampled: as many as the rate asks for.
+        assert abs(len(data) - native.size * rate / 22050) <= 2
+        pcm = await pcm_reference(server, SENTENCE, rate)  # the same engine audio, from the cache
+        assert len(data) == pcm.size
+        decoded = to_float32(data, fmt)
+        assert_speech(decoded, rate, words=9)  # not silent: speech, of a plausible length
+        assert np.corrcoef(decoded, pcm)[0, 1] > 0.999
+        assert data == encode(pcm, fmt)  # exactly: pcm_s16le's samples, each G.711-coded
+        sizes[rate] = len(data)
+    assert abs(sizes[16000] - 2 * sizes[8000]) <= 2
 
 
 async def test_opus_is_many_times_smaller_than_pcm(server):

@@ -54,6 +54,26 @@ async def test_protocol_v1_speaks_a_kokoro_voice_with_word_timings(server):
     assert starts == sorted(starts) and words[-1]["end_ms"] <= 1000 * audio.size / RATE + 1
 
 
+async def test_a_lexicon_says_a_word_in_kokoros_phonemes_and_the_timings_keep_the_written_word(server):
+    text = "I use Postgres daily."
+    ten = "/wˈʌn tˈu θɹˈi fˈɔɹ fˈIv sˈɪks sˈɛvən ˈAt nˈIn tˈɛn/"  # misaki's set: I, A for the diphthongs
+    async with websockets.connect(server.ws) as ws:
+        await ws.recv()
+        plain, plain_audio = await speak_v1(ws, "p", text, voice="jm_kumo", sample_rate=RATE, timestamps=True)
+        said, said_audio = await speak_v1(ws, "s", text, voice="jm_kumo", sample_rate=RATE, timestamps=True,
+                                          lexicon={"postgres": ten})
+        refused, _ = await speak_v1(ws, "r", text, voice="jm_kumo", lexicon={"postgres": "/pˈOstʘ/"})
+        # Inline, with misaki's ᵊ, which NFKC would have made an ə on the way.
+        inline, inline_audio = await speak_v1(ws, "i", f"I use [Postgres]({ten[:-1]} ᵊ/) daily.", voice="jm_kumo",
+                                              sample_rate=RATE, timestamps=True)
+    timed = [[w["word"] for e in events if e["type"] == "timestamps" for w in e["words"]]
+             for events in (plain, said, inline)]
+    assert timed == [["I", "use", "Postgres", "daily"]] * 3
+    assert said_audio.size > plain_audio.size + 1.5 * RATE  # nine more words heard
+    assert inline_audio.size > plain_audio.size + 1.5 * RATE
+    assert refused[-1]["code"] == "invalid_lexicon" and "'ʘ'" in refused[-1]["message"]
+
+
 @pytest.mark.parametrize("voice, code", [
     ("nobody", "unknown_voice"), ("jf_alpha+nobody", "unknown_voice"), ("jf_alpha*-2", "invalid_voice_blend"),
 ])

@@ -21,7 +21,8 @@ from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from voxwire.engine.registry import EngineOptions
+from voxwire.engine.registry import EngineOptions, preflight
+from voxwire_client import Client
 from voxwire.server.config import ServerConfig
 from tests.conftest import RunningServer, run_server
 from tests.server.doors.test_wyoming import hear, port, read
@@ -216,3 +217,49 @@ async def test_a_german_voice_speaks_german_as_piper_does_with_no_english_normal
         events, audio = await speak_v1(ws, "de", GERMAN, voice="german", sample_rate=X_LOW_RATE)
     assert events[-1]["type"] == "done" and events[-1]["segments"] >= 3
     assert whose(audio, {None: expected}) is None
+
+
+# -- a folder of voices: --piper-voices-dir ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folder_server(reference_voices, tmp_path_factory) -> Iterator[RunningServer]:
+    """The reference voices' folder, with a model whose config is missing beside them."""
+    folder = tmp_path_factory.mktemp("voices-dir")
+    for name, model in reference_voices.items():
+        (folder / f"{name}.onnx").symlink_to(model)
+        (folder / f"{name}.onnx.json").symlink_to(f"{model}.json")
+    (folder / "orphan.onnx").symlink_to(reference_voices["x_low"])
+    options = EngineOptions(name="piper", piper_voices_dir=folder, precision="fp32")
+    with run_server(ServerConfig(engine=options, cache_mb=0, step_timeout=300)) as s:
+        yield s
+
+
+async def test_a_voices_folder_lists_every_voice_with_its_quality_rate_and_speakers(folder_server):
+    async with httpx.AsyncClient() as http:
+        listed = (await http.get(f"{folder_server.http}/v1/voices")).json()
+    assert [(v["id"], v["quality"], v["sample_rate"], v["speakers"], v["language"]) for v in listed["voices"]] == [
+        ("german", "low", X_LOW_RATE, [], "de"),
+        ("high", "high", RATE, ["p225", "p226"], "en-us"),
+        ("speakers", "medium", RATE, list(SPEAKERS), "en-us"),
+        ("x_low", "x_low", X_LOW_RATE, [], "en-us"),
+    ]  # in the order of their names; orphan.onnx, without its config, left out
+    assert listed["default"] == "german"
+
+
+async def test_each_voice_of_a_folder_speaks_on_the_socket(folder_server):
+    async with await Client.connect(folder_server.ws) as client:
+        for voice, speaker in [("german", None), ("high", "p226"), ("speakers", "carol"), ("x_low", None)]:
+            u = await client.speak("Hello there, how are you?", voice=voice, speaker=speaker, sample_rate=24000)
+            frames, done = await u.collect()
+            audio = np.concatenate([f.to_float32() for f in frames])
+            assert done["type"] == "done" and audio.size == pytest.approx(done["audio_ms"] * 24, abs=24)
+            assert np.abs(audio).max() > 0.01  # random weights: sound, not speech
+
+
+def test_a_folder_without_voices_or_two_voices_of_one_name_are_refused(reference_voices, tmp_path):
+    assert "no Piper voice" in preflight(EngineOptions(name="piper", piper_voices_dir=tmp_path))
+    assert "folder not found" in preflight(EngineOptions(name="piper", piper_voices_dir=tmp_path / "missing"))
+    twice = EngineOptions(name="piper", piper_voices=(reference_voices["x_low"],),
+                          piper_voices_dir=reference_voices["x_low"].parent)
+    assert "two Piper voices are named 'x_low'" in preflight(twice)

@@ -17,6 +17,7 @@ def test_parses_each_message_type_from_json_and_msgpack():
         m = protocol.parse(data)
         assert m == Speak(ctx="a", text="hi", final=False, settings={"voice": "joe", "sample_rate": 16000})
     assert protocol.parse(j({"type": "config", "format": "mulaw", "speed": 1})) == Configure({"format": "mulaw", "speed": 1.0})
+    assert protocol.parse(j({"type": "config", "format": "alaw"})) == Configure({"format": "alaw"})
     assert protocol.parse(j({"type": "flush", "ctx": "a"})) == Flush("a")
     assert protocol.parse(j({"type": "cancel", "ctx": "a"})) == Cancel("a")
 

@@ -52,12 +52,12 @@ def assert_speech(audio: np.ndarray, rate: int, words: int) -> None:
 # -- real speech in every format and rate ---------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", ["pcm_s16le", "pcm_f32le", "mulaw"])
+@pytest.mark.parametrize("fmt", ["pcm_s16le", "pcm_f32le", "mulaw", "alaw"])
 @pytest.mark.parametrize("rate", [8000, 16000, 24000, 48000])
 async def test_real_speech_in_every_format_and_rate(piper_server, fmt, rate):
     result = await synthesize_async(SENTENCE, piper_server.ws, format=fmt, sample_rate=rate)
     assert (result.format, result.sample_rate) == (fmt, rate)
-    width = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1}[fmt]
+    width = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}[fmt]
     assert len(result.data) == width * result.done["samples"]
     assert_speech(result.audio, rate, words=9)
     assert result.done["audio_ms"] == pytest.approx(1000 * result.duration, abs=1)

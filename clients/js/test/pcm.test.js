@@ -24,6 +24,11 @@ test('mulaw: silence, extremes and symmetry', () => {
   assert.ok(Math.abs(x[3] + 32124 / 32767) < 1e-6);
 });
 
+test('alaw: the smallest levels by silence, extremes and symmetry', () => {
+  const x = toFloat32(Uint8Array.of(0xd5, 0x55, 0xaa, 0x2a, 0xc5, 0x45), 'alaw');
+  assert.deepEqual([...x], [8, -8, 32256, -32256, 264, -264].map((v) => Math.fround(v / 32767)));
+});
+
 test('refuses unknown formats and partial samples', () => {
   assert.throws(() => toFloat32(new Uint8Array(4), 'opus'), /unknown/);
   assert.throws(() => toFloat32(new Uint8Array(3), 'pcm_s16le'), /whole number/);

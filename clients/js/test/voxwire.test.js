@@ -39,6 +39,27 @@ test('a speaker goes with the voice, from the defaults or the speak, as a stream
     [[u1.ctx, 'chorus', 'bob'], [u2.ctx, 'chorus', 2], [u3.ctx, 'chorus', null]]);
 });
 
+test('a lexicon is sent with the utterance', async () => {
+  FakeSocket.last = null;
+  const vx = connect();
+  const u = vx.speak('I use Postgres.', { lexicon: { postgres: 'post gress' } });
+  const ws = FakeSocket.last;
+  ws.open();
+  await vx.ready;
+  assert.deepEqual(ws.sent.map((m) => [m.ctx, m.lexicon]), [[u.ctx, { postgres: 'post gress' }]]);
+});
+
+test('an SSML document is sent whole with its text format', async () => {
+  FakeSocket.last = null;
+  const vx = connect();
+  const doc = '<speak>Hi <break time="500ms"/> there.</speak>';
+  const u = vx.speak(doc, { textFormat: 'ssml' });
+  const ws = FakeSocket.last;
+  ws.open();
+  await vx.ready;
+  assert.deepEqual(ws.sent.map((m) => [m.ctx, m.text, m.text_format, m.final]), [[u.ctx, doc, 'ssml', true]]);
+});
+
 test('unknown settings are refused before anything is sent', () => {
   const vx = connect();
   assert.throws(() => vx.speak('x', { sampleRat: 16000 }), /unknown stream setting "sampleRat"/);
@@ -309,7 +330,7 @@ const asked = (ws) => {
 };
 
 test('no format asked: a server default that plays as it streams is taken as it is', async () => {
-  for (const format of ['pcm_s16le', 'pcm_f32le', 'mulaw']) {
+  for (const format of ['pcm_s16le', 'pcm_f32le', 'mulaw', 'alaw']) {
     const vx = connect();
     const ready = vx.ready;
     const ws = FakeSocket.last;

@@ -103,6 +103,28 @@ def describe_closed(url: str, closed: Closed, key_source: str | None) -> str:
             f"or a policy such as the origin).{said} {advice}")
 
 
+def read_lexicon(path: str | None) -> dict[str, str] | None:
+    """A lexicon file, in the server's format (``KEY = VALUE`` a line; ``#`` comments),
+    sent as the request's own ``lexicon``. Only the lines are split here: the server
+    checks the entries against the voice, and names any it refuses."""
+    if path is None:
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--lexicon {path}: cannot be read ({e.strerror or e})") from None
+    entries: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise UsageError(f"--lexicon {path}:{number}: write KEY = VALUE")
+        entries[key.strip()] = value.strip()
+    return entries
+
+
 def check_output(path: str) -> None:
     """Refuse an output path that cannot be written, before any text is synthesised."""
     p = Path(path)
@@ -169,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     say.add_argument("--chunk-ms", type=int, help="chunk duration, 150-250 ms")
     say.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0")
     say.add_argument("--timestamps", action="store_true", help="print when each word is spoken")
+    say.add_argument("--ssml", action="store_true", help="the text is an SSML document (docs/ssml.md)")
+    say.add_argument("--lexicon", metavar="FILE", help="how words are said: KEY = VALUE lines, as for "
+                     "voxwire serve --lexicon; sent with the request (at most 500 entries; docs/lexicons.md)")
     say.add_argument("--api-key", metavar="KEY", help="API key, for a server started with keys; sent as "
                      f"Authorization: Bearer, never printed (default: ${API_KEY_ENV})")
     args = parser.parse_args(argv)
@@ -178,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         fmt = output_format(args.output, args.format)
         key, key_source = api_key(args.api_key, os.environ)
         text = read_text(args.text)
+        lexicon = read_lexicon(args.lexicon)
     except UsageError as e:
         print(f"voxwire: {e}", file=sys.stderr)
         return 2
@@ -186,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in {
             "voice": args.voice, "speaker": args.speaker, "format": fmt, "sample_rate": args.sample_rate,
             "chunk_ms": args.chunk_ms, "speed": args.speed, "timestamps": args.timestamps or None,
+            "lexicon": lexicon, "text_format": "ssml" if args.ssml else None,
         }.items()
         if v is not None
     }

@@ -409,7 +409,7 @@ class Client:
 
     async def configure(self, **settings: Any) -> Event:
         """Set this connection's defaults (voice, speaker, format, sample_rate, chunk_ms,
-        speed, timestamps, fast_start, first_clause_words)."""
+        speed, timestamps, fast_start, first_clause_words, lexicon)."""
         await self._send({"type": "config", **settings})
         get_ok = asyncio.ensure_future(self._configured.get())
         get_err = asyncio.ensure_future(self._errors.get())
@@ -426,7 +426,7 @@ class Client:
     async def speak(self, text: str = "", ctx: str | None = None, final: bool = True, **settings: Any) -> Utterance:
         """Start an utterance. With ``final=False``, send the rest with ``Utterance.send``.
         ``settings`` are protocol v1's stream settings (voice, speaker, format, sample_rate,
-        chunk_ms, speed, timestamps, fast_start, first_clause_words), sent as given."""
+        chunk_ms, speed, timestamps, fast_start, first_clause_words, lexicon), sent as given."""
         ctx = ctx or f"c{next(self._ids)}"
         u = Utterance(self, ctx)
         u._complete = final

@@ -1,4 +1,4 @@
-"""Decoding the server's output formats: pcm_s16le, pcm_f32le and G.711 mu-law here;
+"""Decoding the server's output formats: pcm_s16le, pcm_f32le and G.711 (mulaw, alaw) here;
 the compressed ones (opus, mp3, aac, flac) through PyAV, when it is installed (the
 ``decode`` extra). A compressed stream needs no decoding to be saved: its frames,
 concatenated, are the file (``extension`` names it)."""
@@ -9,7 +9,7 @@ import io
 
 import numpy as np
 
-PCM_FORMATS = ("pcm_s16le", "pcm_f32le", "mulaw")
+PCM_FORMATS = ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")
 # format -> the file extension its stream is saved under, as players know it.
 COMPRESSED = {"opus": ".opus", "mp3": ".mp3", "aac": ".aac", "flac": ".flac"}
 
@@ -49,6 +49,22 @@ def mulaw_to_int16(data: bytes) -> np.ndarray:
     return np.where(u & 0x80, -pcm, pcm).astype(np.int16)
 
 
+def _alaw_levels() -> np.ndarray:
+    """All 256 A-law codes decoded (G.711): each to the middle of its step, in 16 bits."""
+    a = np.arange(256) ^ 0x55  # the even bits, inverted on the line, back
+    segment = (a >> 4) & 0x07
+    magnitude = ((a & 0x0F) << 4) + 8 + np.where(segment > 0, 0x100, 0)  # segments above 0: the leading 1
+    magnitude <<= np.maximum(segment - 1, 0)
+    return np.where(a & 0x80, magnitude, -magnitude).astype(np.int16)
+
+
+_ALAW = _alaw_levels()
+
+
+def alaw_to_int16(data: bytes) -> np.ndarray:
+    return _ALAW[np.frombuffer(data, np.uint8)]
+
+
 def decode_compressed(data: bytes) -> np.ndarray:
     """A whole compressed stream (or a prefix of one) as mono float32 at its own rate."""
     try:
@@ -79,6 +95,8 @@ def to_float32(data: bytes, fmt: str) -> np.ndarray:
         return np.frombuffer(data, "<f4").astype(np.float32)
     if fmt == "mulaw":
         return mulaw_to_int16(data).astype(np.float32) / 32767.0
+    if fmt == "alaw":
+        return alaw_to_int16(data).astype(np.float32) / 32767.0
     if fmt in COMPRESSED:
         return decode_compressed(data)
     raise ValueError(f"unknown format {fmt!r}")

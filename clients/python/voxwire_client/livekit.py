@@ -87,6 +87,7 @@ class _Options:
     speed: float | None
     chunk_ms: int | None
     first_clause_words: int | None
+    lexicon: dict[str, str] | None
 
 
 class TTS(tts.TTS):
@@ -101,11 +102,15 @@ class TTS(tts.TTS):
         sample_rate: int = 24000,
         chunk_ms: int | None = None,
         first_clause_words: int | None = None,
+        lexicon: dict[str, str] | None = None,
     ) -> None:
         """``voice``, ``speaker`` (of a multi-speaker voice: a name, or its number),
         ``speed``, ``chunk_ms`` and ``first_clause_words`` (how many words a first clause
         needs to be spoken before its sentence ends; 0 waits for the sentence) left out
         take the server's defaults (for ``speaker``, the voice's default speaker).
+        ``lexicon``: how words are said, ``{"word": "/phonemes/" or "respelling"}``
+        (docs/lexicons.md), on top of the server's; the aligned transcript keeps the
+        words as written.
         ``sample_rate`` (8000-48000) is asked of the server, which resamples; 24 kHz is
         CosyVoice2's own rate, above Piper's 22.05 kHz, and the usual one of LiveKit's
         TTS plugins."""
@@ -119,7 +124,8 @@ class TTS(tts.TTS):
         if self._api_key:
             bearer_header(self._api_key)  # a key no header can carry fails here, not at each connect
         self._opts = _Options(
-            voice=voice, speaker=speaker, speed=speed, chunk_ms=chunk_ms, first_clause_words=first_clause_words
+            voice=voice, speaker=speaker, speed=speed, chunk_ms=chunk_ms, first_clause_words=first_clause_words,
+            lexicon=lexicon,
         )
         self._client: Client | None = None
         self._connect_lock = asyncio.Lock()
@@ -142,6 +148,7 @@ class TTS(tts.TTS):
         speed: NotGivenOr[float] = NOT_GIVEN,
         chunk_ms: NotGivenOr[int] = NOT_GIVEN,
         first_clause_words: NotGivenOr[int] = NOT_GIVEN,
+        lexicon: NotGivenOr[dict[str, str] | None] = NOT_GIVEN,
     ) -> None:
         """For the streams and ``synthesize`` calls made from now on: an utterance's
         settings are fixed by its first message. ``speaker=None``: the voice's default
@@ -156,6 +163,8 @@ class TTS(tts.TTS):
             self._opts.chunk_ms = chunk_ms
         if utils.is_given(first_clause_words):
             self._opts.first_clause_words = first_clause_words
+        if utils.is_given(lexicon):
+            self._opts.lexicon = lexicon
 
     def synthesize(
         self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS

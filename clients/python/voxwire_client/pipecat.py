@@ -83,8 +83,8 @@ __all__ = ["VoxwireTTSService", "VoxwireTTSSettings"]
 _CATEGORIES = {
     code: category
     for category, codes in {
-        ErrorCategory.INVALID_REQUEST: "unknown_voice unknown_speaker invalid_voice_blend no_voice invalid_field invalid_format "
-        "invalid_sample_rate unsupported_sample_rate invalid_chunk_ms invalid_speed",
+        ErrorCategory.INVALID_REQUEST: "unknown_voice unknown_speaker invalid_voice_blend invalid_lexicon no_voice "
+        "invalid_field invalid_format invalid_sample_rate unsupported_sample_rate invalid_chunk_ms invalid_speed",
         ErrorCategory.RATE_LIMIT: "rate_limited overloaded too_many_utterances",
         ErrorCategory.QUOTA: "session_text_limit",
         ErrorCategory.SERVER: "engine_error engine_timeout engine_restarted not_ready shutting_down",
@@ -108,12 +108,16 @@ class VoxwireTTSSettings(TTSSettings):
             (docs/protocol.md); ``None``: the voice's own default.
         first_clause_words: How many words a first clause needs for the server to
             speak it before its sentence ends; 0 waits for the sentence (docs/protocol.md).
+        lexicon: How words are said, ``{"word": "/phonemes/" or "respelling"}``
+            (docs/lexicons.md), on top of the server's. The server says them; the word
+            frames keep the words as written, so the context stays as the LLM wrote it.
     """
 
     speaker: str | int | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     speed: float | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     fast_start: bool | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
     first_clause_words: int | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+    lexicon: dict[str, str] | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
 
 
 @dataclass
@@ -199,7 +203,7 @@ class VoxwireTTSService(WebsocketTTSService):
             bearer_header(api_key)  # a key no header can carry fails here, not at the first turn
         store = VoxwireTTSSettings(
             model=None, voice=None, language=None, speaker=None, speed=None, fast_start=None,
-            first_clause_words=None,
+            first_clause_words=None, lexicon=None,
         )
         if settings is not None:
             store.apply_update(settings)
@@ -377,6 +381,7 @@ class VoxwireTTSService(WebsocketTTSService):
             "speed": options.speed,
             "fast_start": options.fast_start,
             "first_clause_words": options.first_clause_words,
+            "lexicon": options.lexicon,
             "chunk_ms": self._chunk_ms,
         }
         settings = {k: v for k, v in settings.items() if v is not None}

@@ -1,7 +1,8 @@
 """Writing a stream's bytes to a WAV file in the encoding they arrived in.
 
-The standard library's ``wave`` writes integer PCM only; float and mu-law need the
-WAVE_FORMAT_IEEE_FLOAT (3) and WAVE_FORMAT_MULAW (7) tags, whose headers are written here.
+The standard library's ``wave`` writes integer PCM only; float, A-law and mu-law need the
+WAVE_FORMAT_IEEE_FLOAT (3), WAVE_FORMAT_ALAW (6) and WAVE_FORMAT_MULAW (7) tags, whose
+headers are written here.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import struct
 from pathlib import Path
 
 # format -> (WAV format tag, bits per sample)
-_TAGS = {"pcm_s16le": (1, 16), "pcm_f32le": (3, 32), "mulaw": (7, 8)}
+_TAGS = {"pcm_s16le": (1, 16), "pcm_f32le": (3, 32), "alaw": (6, 8), "mulaw": (7, 8)}
 
 
 def write_wav(path: str | Path, data: bytes, sample_rate: int, fmt: str) -> None:

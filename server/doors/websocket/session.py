@@ -194,6 +194,8 @@ class Session:
         active = self._live[ctx] = ActiveUtterance(ctx, speech, last_text_at=time.monotonic())
         # The container and codec, so a client knows how to read the frames' bytes.
         started = {**speech.settings.to_dict(), **describe(speech.settings.format)}
+        if speech.ignored:  # said once: what of its SSML this server does not read
+            started["ssml_ignored"] = list(speech.ignored)
         await self._send(protocol.event("started", ctx=ctx, **started))
         active.task = self.door.speak(
             speech, lambda event: self._deliver(active, event), f"utterance-{ctx}",
@@ -239,7 +241,11 @@ class Session:
             raise ProtocolError(ErrorCode.UNKNOWN_CTX, f"no active utterance {ctx!r}", ctx)
         await self._stop(active, "cancelled")
         speech = active.speech
-        await self._send(protocol.event("cancelled", ctx=ctx, samples_sent=speech.samples_sent, frames=speech.frames_sent))
+        heard = {"text_sent": speech.text_sent, "text_played": speech.text_played}
+        await self._send(protocol.event(
+            "cancelled", ctx=ctx, samples_sent=speech.samples_sent, frames=speech.frames_sent,
+            **{k: v for k, v in heard.items() if v is not None},
+        ))
 
     def _progress(self, message: Progress) -> None:
         """Playback progress: from now on this utterance is computed at most the flow

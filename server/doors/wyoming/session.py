@@ -164,7 +164,8 @@ class WyomingSession(Conversation[Received]):
         None: the voice's default); False (after an error): close."""
         self._count += 1
         ids = {"session": self.id, "utterance": str(self._count)}
-        settings = replace(self.settings, voice=voice or self.settings.voice, speaker=speaker)
+        settings = replace(self.settings, voice=voice or self.settings.voice, speaker=speaker,
+                           text_format="ssml" if text_format == "ssml" else "text")
         try:
             speech = self.door.open_utterance(text, final, settings, ids, self._budget, refusal=_format_refusal(text_format))
         except Refused as e:
@@ -277,7 +278,7 @@ class WyomingSession(Conversation[Received]):
 
 
 def _format_refusal(text_format: object) -> Refused | None:
-    """This door's own rule on a new utterance's text: plain text only."""
-    if text_format not in (None, "text"):
-        return Refused(ErrorCode.UNSUPPORTED_TEXT_FORMAT, "this server speaks plain text; SSML is not supported")
+    """This door's own rule on a new utterance's text: Wyoming's two formats."""
+    if text_format not in (None, "text", "ssml"):
+        return Refused(ErrorCode.UNSUPPORTED_TEXT_FORMAT, f"text_format is 'text' or 'ssml', not {text_format!r}")
     return None

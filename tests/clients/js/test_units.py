@@ -15,6 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from tests.fixtures import g711
 from voxwire.server.audio import encode
 from voxwire.server.protocol import audio_frame
 from voxwire_client.formats import to_float32
@@ -110,9 +111,25 @@ def test_audio_frames_from_the_server_decode_to_the_servers_own_samples():
     t = np.arange(2205) / 22050
     x = (0.8 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
     x[:4] = [1.0, -1.0, 0.0, 1e-6]  # the extremes and near-silence too
-    frames = {fmt: audio_frame("u7", 3, 6615, x.size, encode(x, fmt)).hex() for fmt in ("pcm_s16le", "pcm_f32le", "mulaw")}
+    frames = {fmt: audio_frame("u7", 3, 6615, x.size, encode(x, fmt)).hex() for fmt in ("pcm_s16le", "pcm_f32le", "mulaw", "alaw")}
     got = run_js(PCM, json.dumps(frames))
     for fmt, frame in got.items():
         assert (frame["ctx"], frame["offset"], frame["samples"]) == ("u7", 6615, x.size)
         want = to_float32(encode(x, fmt), fmt)  # as the Python client decodes it: the browser must agree exactly
         np.testing.assert_array_equal(np.asarray(frame["audio"], np.float32), want, err_msg=fmt)
+
+
+G711 = """
+import { toFloat32 } from './pcm.js';
+const codes = Uint8Array.from({ length: 256 }, (_, i) => i);
+console.log(JSON.stringify(Object.fromEntries(['mulaw', 'alaw'].map((law) => [law, Array.from(toFloat32(codes, law))]))));
+"""
+
+
+@pytest.mark.timeout(60)
+def test_every_g711_code_decodes_to_its_level():
+    got = run_js(G711, "")
+    for law in g711.LAWS:
+        levels = g711.reference_levels(law)
+        np.testing.assert_array_equal(levels, g711.ffmpeg_decode(law, bytes(range(256))), err_msg=law)
+        np.testing.assert_array_equal(np.asarray(got[law], np.float32), levels.astype(np.float32) / 32767, err_msg=law)

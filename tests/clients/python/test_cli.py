@@ -21,7 +21,7 @@ from tests.server.test_stream import SENTENCE, assert_speech
 from voxwire_client import synthesize
 from voxwire_client.client import Closed
 
-SUBTYPE = {"pcm_s16le": "PCM_16", "pcm_f32le": "FLOAT", "mulaw": "ULAW"}
+SUBTYPE = {"pcm_s16le": "PCM_16", "pcm_f32le": "FLOAT", "mulaw": "ULAW", "alaw": "ALAW"}
 
 
 def say(server, *args: str) -> subprocess.CompletedProcess[str]:
@@ -31,7 +31,7 @@ def say(server, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("fmt,rate", [("pcm_s16le", 24000), ("pcm_f32le", 48000), ("mulaw", 8000)])
+@pytest.mark.parametrize("fmt,rate", [("pcm_s16le", 24000), ("pcm_f32le", 48000), ("mulaw", 8000), ("alaw", 8000)])
 def test_say_writes_the_wav_that_was_asked_for(piper_server, tmp_path, fmt, rate):
     out = tmp_path / "out.wav"
     run = say(piper_server, SENTENCE, "-o", str(out), "--format", fmt, "--sample-rate", str(rate), "--voice", "joe")
@@ -215,3 +215,36 @@ def test_say_speaks_the_speaker_asked_for(speakers_server, tmp_path):
     )
     refused = say(speakers_server, "mike.", "-o", str(tmp_path / "x.wav"), "--voice", "chorus", "--speaker", "dave")
     assert refused.returncode == 1 and "unknown_speaker" in refused.stderr
+
+
+def test_say_sends_a_lexicon_file_and_names_a_bad_entry(piper_server, tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_text("# ours\n\nPostgres = post gress, the database of databases\n", encoding="utf-8")
+    plain, said = tmp_path / "plain.wav", tmp_path / "said.wav"
+    assert say(piper_server, "I use Postgres daily.", "-o", str(plain)).returncode == 0
+    run = say(piper_server, "I use Postgres daily.", "-o", str(said), "--lexicon", str(names), "--timestamps")
+    assert run.returncode == 0, run.stderr
+    assert re.findall(r"\bPostgres\b", run.stdout) and "database" not in run.stdout  # timed as written
+    heard, rate = soundfile.read(str(said), dtype="float32")
+    assert heard.size > soundfile.info(str(plain)).frames + 1.2 * rate  # the respelling's four words more
+    assert_speech(np.asarray(heard), rate, words=8)
+    names.write_text("Postgres = a/b\n", encoding="utf-8")
+    bad = say(piper_server, "I use Postgres daily.", "-o", str(tmp_path / "x.wav"), "--lexicon", str(names))
+    assert bad.returncode == 1 and "invalid_lexicon" in bad.stderr and "'Postgres'" in bad.stderr, bad.stderr
+    names.write_text("Postgres post gress\n", encoding="utf-8")
+    unsplit = vox("hi", "-o", str(tmp_path / "x.wav"), "--lexicon", str(names))
+    assert unsplit.returncode == 2 and f"--lexicon {names}:1: write KEY = VALUE" in one_line(unsplit)
+    missing = vox("hi", "-o", str(tmp_path / "x.wav"), "--lexicon", str(tmp_path / "none.txt"))
+    assert missing.returncode == 2 and "cannot be read" in one_line(missing)
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_say_speaks_an_ssml_document_and_reports_one_it_cannot_read(piper_server, tmp_path):
+    out = tmp_path / "pause.wav"
+    run = say(piper_server, 'Hello. <break time="2s"/> Goodbye.', "-o", str(out), "--ssml")
+    assert run.returncode == 0, run.stderr
+    audio, rate = soundfile.read(str(out), dtype="float32")
+    zero = np.flatnonzero(np.diff(np.concatenate([[0], (np.asarray(audio) == 0).astype(np.int8), [0]])))
+    assert max(np.diff(zero)[::2]) >= 2 * rate  # the break, as exact silence
+    bad = say(piper_server, "<speak>Fish & chips</speak>", "-o", str(tmp_path / "x.wav"), "--ssml")
+    assert bad.returncode == 1 and "invalid_ssml" in bad.stderr and "line 1, column 14" in bad.stderr

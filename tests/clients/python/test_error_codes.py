@@ -32,6 +32,7 @@ PIPECAT_UNKNOWN = {
     "text_too_long": THIS_TEXT,
     "utterance_too_long": THIS_TEXT,
     "over_memory_budget": THIS_TEXT,
+    "invalid_ssml": "the service sends plain text, never text_format ssml; were it asked, " + THIS_TEXT,
 }
 
 LIVEKIT_400 = {
@@ -47,6 +48,8 @@ LIVEKIT_400 = {
     "unknown_voice": "no such voice: the same request is refused again",
     "unknown_speaker": "the voice has no such speaker: the same request is refused again",
     "invalid_voice_blend": "a voice blend that cannot be read: the same request is refused again",
+    "invalid_lexicon": "a lexicon that cannot be read: the same request is refused again",
+    "invalid_ssml": "an SSML document that cannot be read: the same request is refused again",
     "no_voice": "no voice registered yet: a retry now is refused again",
     "timestamps_unsupported": "the plugin asks for timestamps only where ready.features says the engine has them",
     "text_too_long": THIS_TEXT + ", but this one never will",

@@ -210,6 +210,21 @@ async def test_synthesize_returns_the_whole_utterance(piper_server):
     assert_speech(samples([frame]), 24000, words=9)
 
 
+async def test_a_lexicon_says_a_word_its_way_and_is_updated(piper_server):
+    text = "I use Postgres daily."
+    tts = TTS(url=piper_server.ws, lexicon={"postgres": "/wˈʌn tˈuː θɹˈiː fˈɔːɹ fˈaɪv sˈɪks sˈɛvən ˈeɪt nˈaɪn tˈɛn/"})
+    said = samples([await tts.synthesize(text).collect()])
+    tts.update_options(lexicon=None)
+    plain = samples([await tts.synthesize(text).collect()])
+    tts.update_options(lexicon={"postgres": "/vˈɑks/", "Vox wire!": "x"})
+    with pytest.raises(APIStatusError) as e:
+        await tts.synthesize(text, conn_options=NO_RETRY).collect()
+    await tts.aclose()
+    assert said.size > plain.size + 1.5 * 24000  # nine more words heard
+    assert_speech(plain, 24000, words=4)
+    assert "invalid_lexicon" in str(e.value) and "Vox wire!" in str(e.value)
+
+
 async def test_several_streams_share_one_socket_two_at_once(piper_server):
     tts = TTS(url=piper_server.ws)
 

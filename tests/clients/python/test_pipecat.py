@@ -59,6 +59,10 @@ from voxwire_client.pipecat import VoxwireTTSService
 SPEECH_FRAMES = (TTSStartedFrame, TTSAudioRawFrame, TTSTextFrame, TTSStoppedFrame)
 
 
+TEN_WORDS = "/wˈʌn tˈuː θɹˈiː fˈɔːɹ fˈaɪv sˈɪks sˈɛvən ˈeɪt nˈaɪn tˈɛn/"
+"""A lexicon's phonemes for ten words: a word said as these lasts seconds."""
+
+
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z']+", text.lower())
 
@@ -192,6 +196,25 @@ async def test_an_llms_tokens_are_spoken_as_they_stream_with_metrics(piper_serve
     [ttfb] = [d.value for d in metrics if isinstance(d, TTFBMetricsData) and d.value > 0]
     assert ttfb < 10  # from the first token to the first audio
     assert [d.value for d in metrics if isinstance(d, TTSUsageMetricsData)] == [len(SEVERAL)]
+
+
+async def test_a_lexicon_says_a_word_its_way_and_the_word_frames_keep_it_as_written(piper_server):
+    text = "I use Postgres daily."
+
+    async def turn(lexicon: dict[str, str] | None) -> tuple[float, list[str]]:
+        down, up = await run_test(
+            VoxwireTTSService(url=piper_server.ws, settings=VoxwireTTSService.Settings(lexicon=lexicon)),
+            frames_to_send=[TTSSpeakFrame(text)], pipeline_params=PipelineParams(audio_out_sample_rate=24000),
+            start_timeout=30,
+        )
+        assert not errors(up)
+        audio = sum(len(f.audio) for f in down if isinstance(f, TTSAudioRawFrame)) / 2 / 24000
+        return audio, [f.text for f in down if isinstance(f, TTSTextFrame)]
+
+    plain, plain_words = await turn(None)
+    said, said_words = await turn({"postgres": TEN_WORDS})
+    assert said_words == plain_words == ["I", "use", "Postgres", "daily"]
+    assert said > plain + 1.5  # nine more words heard
 
 
 # -- many turns, one socket -------------------------------------------------------------

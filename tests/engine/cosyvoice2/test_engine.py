@@ -195,3 +195,20 @@ def test_one_registration_wins_across_processes_and_all_list_the_same_order(tmp_
     b.add(later)
     assert [v.id for v in a.all()] == [v.id for v in b.all()] == [mine.id, later.id]
     assert not list(tmp_path.glob("*.tmp.*"))
+
+
+def test_a_lexicon_respells_the_text_and_its_phonemes_are_refused(engine, voice, monkeypatch) -> None:
+    from voxwire.engine.cosyvoice2.text import normalize_text
+    from voxwire.engine.text.lexicon import Lexicon, entry
+
+    read: list[list[int]] = []
+    real = engine._open
+    monkeypatch.setattr(engine, "_open", lambda prompt, ids, *a, **k: read.append(ids) or real(prompt, ids, *a, **k))
+    engine.open("I use SQL daily.", SynthesisParams(voice=voice.id, lexicon=Lexicon([entry("SQL", "sequel")]))).close()
+    assert read == [engine.tokenizer.encode(normalize_text("I use sequel daily."))]
+    assert read[0] != engine.tokenizer.encode(normalize_text("I use SQL daily."))
+    # CosyVoice2 reads text: its voices take no phonemes.
+    assert voice.phonemes == ""
+    with pytest.raises(EngineError, match="takes no phonemes; give a respelling") as e:
+        voice.check_lexicon(Lexicon([entry("SQL", "/ˈsiːkwəl/")]))
+    assert e.value.code == "invalid_lexicon"

@@ -111,6 +111,22 @@ def test_a_blend_is_its_voices_styles_mixed(engine):
     assert audio.size != alpha.size or not np.allclose(audio, alpha, atol=1e-2)
 
 
+def test_a_blend_is_mixed_once_for_the_pipeline_and_the_stream_and_few_are_kept(engine, monkeypatch):
+    from voxwire.engine.kokoro import engine as kokoro_engine
+
+    mixed: list[str] = []
+    real = kokoro_engine.blend
+    monkeypatch.setattr(kokoro_engine, "blend", lambda spec, packs: mixed.append(spec) or real(spec, packs))
+    monkeypatch.setattr(kokoro_engine, "MAX_BLENDS_KEPT", 2)
+    spec = "jf_alpha*0.3+jm_kumo*0.7"
+    assert engine.voice(spec) is not None  # the pipeline's check, on the event loop
+    engine.open("Hi.", SynthesisParams(voice=spec)).close()  # the worker's open
+    assert mixed == [spec]
+    for other in ("jf_alpha+jm_kumo", "jf_nezumi+jm_kumo", spec):
+        engine.voice(other)
+    assert mixed == [spec, "jf_alpha+jm_kumo", "jf_nezumi+jm_kumo", spec]  # two kept: the first was let go
+
+
 @pytest.mark.parametrize("voice, code", [
     ("nobody", "unknown_voice"), ("jf_alpha+nobody", "unknown_voice"), ("jf_alpha*-1", "invalid_voice_blend"),
     ("jf_alpha*0+jm_kumo*0", "invalid_voice_blend"), ("jf_alpha*x", "invalid_voice_blend"),
@@ -120,6 +136,13 @@ def test_bad_voices_are_coded_errors(engine, voice, code):
         engine.open(TEXT, SynthesisParams(voice=voice))
     assert e.value.code == code
     assert not engine.has_voice(voice)
+
+
+@pytest.mark.parametrize("text", ["...", "—", "()", "?!"])
+def test_punctuation_alone_says_nothing(engine, text):
+    pieces, timings = _spoken(engine, text, timestamps=True)
+    assert sum(p.size for p in pieces) == 0 and not [w for t in timings for w in t.words]
+    assert sum(p.size for p in _spoken(engine, "Hi...")[0]) > 0.2 * 24000  # with a word, it speaks
 
 
 def test_a_speaker_is_refused_for_a_one_speaker_voice(engine):

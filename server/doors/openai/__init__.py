@@ -4,11 +4,16 @@ For code that already calls ``client.audio.speech`` of the OpenAI SDK: point its
 ``base_url`` at Voxwire. Formats, as OpenAI names them: ``mp3`` (the default, as at
 OpenAI), ``opus`` (Ogg Opus, 48 kHz), ``aac`` (ADTS), ``flac``, ``wav`` (16-bit with a
 streaming header) and ``pcm`` (raw 16-bit little-endian mono at 24 kHz, as OpenAI sends
-it); each is streamed as it is encoded (server/audio.py). OpenAI's voice names
-("alloy", ...) speak with the server's default voice; Voxwire's own voice ids work too,
-as a string or as OpenAI's voice object ``{"id": ...}``, and ``VOICE:SPEAKER`` names a
-speaker of a multi-speaker voice. ``model`` and ``instructions`` are accepted and
-ignored: the loaded engine speaks. Optional fields may be null.
+it); beyond OpenAI's, ``mulaw`` and ``alaw`` (G.711, at 8 kHz), and a ``sample_rate``
+field for any of them but Opus. Each is streamed as it is encoded (server/audio.py). OpenAI's voice names
+("alloy", ...) speak with the voice ``--openai-voice`` maps them to, else the server's
+default voice (voices.py); Voxwire's own voice ids work too, as a string or as
+OpenAI's voice object ``{"id": ...}``, and ``VOICE:SPEAKER`` names a speaker of a
+multi-speaker voice. ``lexicon`` is a request's own pronunciation entries, as protocol
+v1 takes them (docs/lexicons.md). An ``input`` that starts with ``<speak`` is SSML
+(docs/ssml.md), as is any with ``text_format: "ssml"``. ``stream_format: "sse"`` sends the same audio as base64 inside
+server-sent events, as OpenAI does for its newer models. ``model`` and ``instructions``
+are accepted and ignored: the loaded engine speaks. Optional fields may be null.
 Errors come in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 The body must be ``application/json`` and at most ``MAX_BODY_BYTES`` (server/bodies.py
 reads it no further). docs/protocol.md has the reference.
@@ -19,8 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-import struct
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,25 +37,37 @@ from starlette.types import Message, Receive, Scope, Send
 from voxwire.engine.base import Engine, EngineError
 from voxwire.engine.errors import CodedError, ErrorCode
 from voxwire.engine.text import expanded_length
+from voxwire.engine.text.lexicon import Lexicon
+from voxwire.engine.text.ssml import looks_like_ssml
 from voxwire.server import auth
-from voxwire.server.audio import content_type
+from voxwire.server.audio import MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, FormatError, content_type, stream_rate
 from voxwire.server.bodies import Body, TooLarge, declared_media_type
-from voxwire.server.doors.base import Door, utterance_events
-from voxwire.server.framing import AudioFrame, FailedEvent
+from voxwire.server.doors.base import Door, Host
+from voxwire.server.doors.openai.body import audio, events, wav_header
+from voxwire.server.doors.openai.voices import check_map, parse_map, resolve
 from voxwire.server.pipeline import Refused
-from voxwire.server.protocol import MAX_SPEED, MIN_SPEED, StreamSettings
+from voxwire.server.protocol import (
+    MAX_SPEED,
+    MIN_SPEED,
+    TEXT_FORMATS,
+    ProtocolError,
+    StreamSettings,
+    lexicon_setting,
+)
 from voxwire.server.speech import Speech
 
 log = logging.getLogger(__name__)
 
-RATE = 24000
+RATE = 24000  # OpenAI's
+G711_RATE = 8000  # telephony's, the rate G.711 is made for
 CHUNK_MS = 200
 MAX_INPUT_CHARS = 4096  # OpenAI's own limit
 # The largest body read. JSON may write any character as escapes, one beyond the BMP as a
 # surrogate pair (12 bytes: \ud83d\ude00), so 4096 characters of ``input`` take at most
 # 48 KiB; ``instructions`` (taken and ignored, but clients send prompts there) gets as
 # much again, and the last 32 KiB is for ``model``, ``voice``, the other short fields and
-# whitespace. Larger bodies are refused before they are read (server/bodies.py).
+# whitespace, and a ``lexicon`` of a few hundred ordinary entries (a long one belongs in a
+# server's file). Larger bodies are refused before they are read (server/bodies.py).
 MAX_BODY_BYTES = 128 * 1024
 JSON = "application/json"
 # response_format -> (the stream's format, the Content-Type). OpenAI's own types for its
@@ -63,11 +79,12 @@ FORMATS = {
     "flac": ("flac", content_type("flac")),
     "wav": ("pcm_s16le", "audio/wav"),
     "pcm": ("pcm_s16le", "audio/pcm"),
+    # Not OpenAI's: G.711 for telephony (RFC 4856's types), at 8 kHz unless sample_rate says.
+    "mulaw": ("mulaw", "audio/PCMU"),
+    "alaw": ("alaw", "audio/PCMA"),
 }
 DEFAULT_FORMAT = "mp3"  # OpenAI's default
-# OpenAI's built-in voices, as its API reference lists them. Code written for OpenAI names
-# one of these, so they speak with the default voice rather than fail.
-OPENAI_VOICES = frozenset("alloy ash ballad coral echo fable nova onyx sage shimmer verse marin cedar".split())
+SSE = "text/event-stream"
 # The range OpenAI documents for ``speed``; the engines here speak MIN_SPEED..MAX_SPEED of it.
 OPENAI_MIN_SPEED, OPENAI_MAX_SPEED = 0.25, 4.0
 # nginx's status for a client that closed its request: never sent (nobody is left to read
@@ -105,7 +122,14 @@ class OpenAIRequest:
     once the engine is known."""
     fmt: str
     speed: float
+    rate: int = RATE
     speaker: str | None = None
+    sse: bool = False
+    """The audio inside server-sent events (``stream_format: "sse"``), not as the body."""
+    lexicon: Lexicon | None = None
+    """The request's own entries, over the server's (``--lexicon``)."""
+    text_format: str = "text"
+    """``ssml``: ``input`` is an SSML document (said so, or starting with ``<speak``)."""
 
 
 def optional(body: dict[str, Any], name: str, default: Any) -> Any:
@@ -162,13 +186,44 @@ def response_format(value: object) -> str:
     return value
 
 
-def check_stream_format(value: object) -> None:
-    # The body is the audio itself; OpenAI's "sse" (audio in JSON events) is not offered.
-    if value != "audio":
+def sample_rate(value: object, fmt: str) -> int:
+    """Voxwire's own field: the rate of the audio (OpenAI's is always 24 kHz, or 48 kHz
+    for Opus). A compressed format takes the rates its codec does."""
+    if value is None:
+        value = G711_RATE if fmt in ("mulaw", "alaw") else RATE
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_SAMPLE_RATE <= value <= MAX_SAMPLE_RATE:
         raise Invalid(
-            "stream_format must be 'audio': this server streams the audio itself and does not offer 'sse'",
-            ErrorCode.INVALID_STREAM_FORMAT, "stream_format",
+            f"'sample_rate' must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}",
+            ErrorCode.INVALID_SAMPLE_RATE, "sample_rate",
         )
+    try:
+        stream_rate(FORMATS[fmt][0], value)
+    except FormatError as e:
+        raise Invalid(e.message, e.code, "sample_rate") from None
+    return value
+
+
+def is_sse(value: object) -> bool:
+    """``stream_format``: the audio as the body (``audio``), or inside events (``sse``)."""
+    if value not in ("audio", "sse"):
+        raise Invalid("stream_format must be 'audio' or 'sse'", ErrorCode.INVALID_STREAM_FORMAT, "stream_format")
+    return value == "sse"
+
+
+def lexicon_of(value: object) -> Lexicon | None:
+    try:
+        return lexicon_setting(value)
+    except ProtocolError as e:
+        raise Invalid(e.message, e.code, "lexicon") from None
+
+
+def text_format_of(value: object, text: str) -> str:
+    """Voxwire's ``text_format`` field; unset, an input that starts with ``<speak`` is SSML."""
+    if value is None:
+        return "ssml" if looks_like_ssml(text) else "text"
+    if value not in TEXT_FORMATS:
+        raise Invalid("'text_format' must be 'text' or 'ssml'", ErrorCode.INVALID_FIELD, "text_format")
+    return str(value)
 
 
 def parse_request(body: object) -> OpenAIRequest:
@@ -187,32 +242,16 @@ def parse_request(body: object) -> OpenAIRequest:
             "such as a ligature, counts as what it becomes)", ErrorCode.TEXT_TOO_LONG, "input",
         )
     fmt = response_format(optional(body, "response_format", DEFAULT_FORMAT))
-    check_stream_format(optional(body, "stream_format", "audio"))
+    sse = is_sse(optional(body, "stream_format", "audio"))
     # Taken and ignored, as OpenAI itself does for tts-1: the engines here have no
     # instruction-following model. A wrong type is still a client's mistake to hear about.
     if not isinstance(optional(body, "instructions", ""), str):
         raise Invalid("'instructions' must be a string", ErrorCode.INVALID_INSTRUCTIONS, "instructions")
-    return OpenAIRequest(text=text, voice=voice, fmt=fmt, speed=speed_of(optional(body, "speed", 1.0)))
-
-
-def voice_and_speaker(engine: Engine, requested: str) -> tuple[str, str | None]:
-    """``VOICE:SPEAKER``: a multi-speaker voice's speaker (a name, or its id), after the
-    first ':' (or, for a voice whose id has one, after the first ':' that ends a voice's
-    id). A name the engine has as a voice is that voice, ':' or not. The speaker is
-    checked against the voice by the pipeline."""
-    if ":" not in requested or engine.has_voice(requested):
-        return requested, None
-    ids = [v.id for v in engine.voices() if requested.startswith(v.id + ":")]
-    voice = min(ids, key=len) if ids else requested.split(":", 1)[0]
-    return voice, requested[len(voice) + 1 :]
-
-
-def engine_voice(engine: Engine, requested: str, default: str) -> str:
-    """OpenAI's voice names, unless the engine has a voice of that name, speak with the
-    default (``""``: the engine's own). Any other name is checked by the pipeline."""
-    if requested in OPENAI_VOICES and not engine.has_voice(requested):
-        return default
-    return requested
+    return OpenAIRequest(
+        text=text, voice=voice, fmt=fmt, speed=speed_of(optional(body, "speed", 1.0)),
+        rate=sample_rate(body.get("sample_rate"), fmt), sse=sse, lexicon=lexicon_of(body.get("lexicon")),
+        text_format=text_format_of(body.get("text_format"), text),
+    )
 
 
 async def read_body(body: Body) -> bytes | None:
@@ -240,25 +279,26 @@ def unsupported_media_type(sent: str) -> JSONResponse:
     )
 
 
-def wav_header(rate: int) -> bytes:
-    """A 16-bit mono WAV header for a stream of unknown length (sizes 0xFFFFFFFF), which
-    players read as "until the data ends"."""
-    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
-    return b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack(
-        "<I", 0xFFFFFFFF
-    )
-
-
 # A refusal's HTTP status; everything the engine cannot do just now is a 503.
 _REFUSED_STATUS: dict[str, int] = {
     ErrorCode.OVERLOADED: 429, ErrorCode.UNKNOWN_VOICE: 400, ErrorCode.UNKNOWN_SPEAKER: 400, ErrorCode.NO_VOICE: 400,
+    ErrorCode.INVALID_LEXICON: 400, ErrorCode.INVALID_SSML: 400,
 }
+_REFUSED_PARAM: dict[str, str] = {ErrorCode.INVALID_LEXICON: "lexicon", ErrorCode.INVALID_SSML: "input"}
 # Refusals of what ``voice`` named (its speaker included): ``param`` is "voice".
 _VOICE_CODES = (ErrorCode.UNKNOWN_VOICE, ErrorCode.UNKNOWN_SPEAKER, ErrorCode.NO_VOICE)
 
 
 class OpenAIDoor(Door):
     name = "http"
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self.voice_map: Mapping[str, str] = {}
+
+    def check(self, engine: Engine) -> None:
+        self.voice_map = parse_map(self.config.openai_voices)
+        check_map(engine, self.voice_map)
 
     def routes(self) -> list[BaseRoute]:
         return [Route("/v1/audio/speech", self.endpoint, methods=["POST"])]
@@ -279,18 +319,20 @@ class OpenAIDoor(Door):
         if isinstance(asked, Response):
             return asked
         stream_format, media_type = FORMATS[asked.fmt]
+        if asked.sse:
+            media_type = SSE
         settings = StreamSettings(
-            voice=asked.voice, format=stream_format, sample_rate=RATE, chunk_ms=CHUNK_MS, speed=asked.speed,
-            speaker=asked.speaker,
+            voice=asked.voice, format=stream_format, sample_rate=asked.rate, chunk_ms=CHUNK_MS, speed=asked.speed,
+            speaker=asked.speaker, lexicon=asked.lexicon, text_format=asked.text_format,
         )
         try:
             # Its text is bounded by the request's own limit (MAX_INPUT_CHARS, parse_request).
             speech = self.open_utterance(asked.text, True, settings, ids)
         except Refused as e:
             status = _REFUSED_STATUS.get(e.code, 503)
-            param = "voice" if e.code in _VOICE_CODES else None
+            param = "voice" if e.code in _VOICE_CODES else _REFUSED_PARAM.get(e.code)
             return openai_error(status, e.message, e.code, param, e.retry_after_ms or None)
-        return SpeechResponse(self, speech, asked.fmt == "wav", media_type, ids)
+        return SpeechResponse(self, speech, asked, media_type, ids)
 
     async def _request(self, request: Request, ids: dict[str, str]) -> OpenAIRequest | Response:
         """The request read and checked, its voice named for the engine; or the response
@@ -312,8 +354,8 @@ class OpenAIDoor(Door):
         try:
             asked = parse_request(orjson.loads(raw))
             engine = self.pipeline.engine()
-            voice, speaker = voice_and_speaker(engine, asked.voice)
-            return replace(asked, voice=engine_voice(engine, voice, self.defaults().voice), speaker=speaker)
+            voice, speaker = resolve(engine, self.voice_map, asked.voice, self.defaults().voice)
+            return replace(asked, voice=voice, speaker=speaker)
         except orjson.JSONDecodeError:
             self.refused(ErrorCode.INVALID_JSON, ids)
             return openai_error(400, "the body must be a JSON object", ErrorCode.INVALID_JSON)
@@ -358,10 +400,6 @@ async def _ended_already() -> None:
     pass
 
 
-class StreamFailed(Exception):
-    """An utterance failed after its body began; raised to abort the response."""
-
-
 class SpeechResponse(StreamingResponse):
     """A speech as a streamed body: its frames' bytes (after a header, for WAV), each
     piece of body sent under the stall rule every door shares (``Sender``): a reader that
@@ -370,9 +408,22 @@ class SpeechResponse(StreamingResponse):
     (the client went away, the server stops), the utterance ends as disconnected:
     ``end`` counts only its first call."""
 
-    def __init__(self, door: OpenAIDoor, speech: Speech, wav: bool, media_type: str, ids: dict[str, str]) -> None:
+    def __init__(
+        self, door: OpenAIDoor, speech: Speech, asked: OpenAIRequest, media_type: str, ids: dict[str, str],
+    ) -> None:
         headers = {"X-Voxwire-Cached": "1" if speech.cached else "0"}
-        super().__init__(_audio(speech, wav), media_type=media_type, headers=headers)
+        if speech.ignored:  # what of its SSML this server does not read, said once
+            # A header is Latin-1; an element's name may be any XML name.
+            headers["X-Voxwire-SSML-Ignored"] = ", ".join(speech.ignored).encode("ascii", "backslashreplace").decode()
+        wav = wav_header(asked.rate) if asked.fmt == "wav" else b""
+        body = audio(speech, wav)
+        if asked.sse:
+            # The audio's own type, as the body would have had it; and no proxy buffering
+            # of events (nginx holds back a text/event-stream otherwise).
+            headers |= {"X-Audio-Media-Type": FORMATS[asked.fmt][1], "Cache-Control": "no-cache",
+                        "X-Accel-Buffering": "no"}
+            body = events(speech, wav)
+        super().__init__(body, media_type=media_type, headers=headers)
         self.door = door
         self.speech = speech
         self.ids = ids
@@ -395,16 +446,3 @@ class SpeechResponse(StreamingResponse):
         self.speech.end_stalled("not_reading")
         stall = self.door.limits.stall_timeout_seconds
         log.info("the client took none of its audio for %g s; the response is cut", stall, extra=self.ids)
-
-
-async def _audio(speech: Speech, wav: bool) -> AsyncIterator[bytes]:
-    if wav:
-        yield wav_header(RATE)
-    async for event in utterance_events(speech):
-        if isinstance(event, AudioFrame):
-            if event.data:  # a codec may hold a whole chunk back (less than one frame)
-                yield event.data
-        elif isinstance(event, FailedEvent):
-            # The status line is gone already: the body ends without its last chunk,
-            # which every HTTP client reports as an error; the log has the cause.
-            raise StreamFailed(f"{event.code}: {event.message}")
