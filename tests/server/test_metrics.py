@@ -3,13 +3,17 @@
 import asyncio
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import RunningServer, run_server
 from voxwire.engine.precision import resolve
+from voxwire.engine.registry import EngineOptions
 from voxwire.engine.threads import DEFAULT_MAX_THREADS, WINDOW_S, CpuClock, usable_cores
+from voxwire.server.config import ServerConfig
 
 from voxwire_client.sync import synthesize_async
 
@@ -59,11 +63,22 @@ async def test_outcomes_by_error_code(tone_server):
     assert after[key] == before.get(key, 0) + 1
 
 
+@pytest.fixture
+def freshly_started_piper() -> Iterator[RunningServer]:
+    """A Piper server started for one test. The engine thread policy is the process's,
+    set by the engine that loaded last (engine/threads.py), and the session's servers
+    share this process with engines that pin it: the CosyVoice2 server's pins one thread,
+    after which a session Piper server never adapts."""
+    with run_server(ServerConfig(engine=EngineOptions(name="piper"), cache_mb=0)) as s:
+        yield s
+
+
 @pytest.mark.slow  # spins every core for seconds
-async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(piper_server):
+async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(freshly_started_piper):
     """Beside processes that keep every core busy, the engine's steps run on one thread
     (a second would stall at every op's barrier while the OS runs a neighbour), and once
     they stop, on all of them again (engine/threads.py)."""
+    piper_server = freshly_started_piper
     threads = min(usable_cores(), DEFAULT_MAX_THREADS)  # what the engine's default asks for
     if threads < 2:
         pytest.skip("one core: there is no second thread to give way")
@@ -71,8 +86,11 @@ async def test_engine_threads_give_way_to_busy_neighbours_and_come_back(piper_se
     await synthesize_async(text, piper_server.ws)
     neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(CpuClock().cpus))]
     try:
-        await asyncio.sleep(2 * WINDOW_S)  # a window of the accounting with them at work
-        await synthesize_async(text, piper_server.ws)
+        for _ in range(10):  # bounded: on a loaded machine the first busy window may miss some of their time
+            await asyncio.sleep(2 * WINDOW_S)  # a window of the accounting with them at work
+            await synthesize_async(text, piper_server.ws)
+            if scrape(piper_server)["voxwire_engine_threads"] == 1:
+                break
         assert scrape(piper_server)["voxwire_engine_threads"] == 1
     finally:
         for p in neighbours:
