@@ -110,6 +110,30 @@ def lexicon(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def voice_loading(r: dict[str, Any]) -> list[str]:
+    rounds = r["args"]["rounds"]
+    lines = [
+        f"| measured ({rounds} rounds) | median | max |",
+        "|---|---|---|",
+    ]
+    for case, row in r["first_audio"].items():
+        lines.append(f"| first audio, voice {case} (alone) | {row['median']:.1f} ms | {row['max']:.1f} ms |")
+    for case, row in r["beside_a_listener"].items():
+        gap, stall = row["listener_max_gap_ms"], row["listener_stall_ms"]
+        lines.append(f"| a listener's longest gap, {case} | {gap['median']:.1f} ms | {gap['max']:.1f} ms |")
+        lines.append(f"| a listener's stall, {case} | {stall['median']:.1f} ms | {stall['max']:.1f} ms |")
+        if row["other_ttfa_ms"]:
+            other = row["other_ttfa_ms"]
+            lines.append(f"| the other reply's first audio, {case} | {other['median']:.1f} ms | {other['max']:.1f} ms |")
+    m = r["memory"]
+    lines.append(f"| resident set when ready, 1 voice loaded / 3 loaded | {m['bound_1_ready_mb']:.0f} / "
+                 f"{m['bound_3_ready_mb']:.0f} MiB | |")
+    lines.append(f"| memory a loaded voice holds | {m['per_voice_mb']:.0f} MiB | |")
+    lines.append(f"| resident set after {rounds} turns of every voice, 1 loaded / 3 loaded | "
+                 f"{m['bound_1_after_mb']:.0f} / {m['bound_3_after_mb']:.0f} MiB | |")
+    return lines
+
+
 def ray_proxy(r: dict[str, Any]) -> list[str]:
     """One run of benchmarks/studies/ray_proxy.py: TTFA, stalled readers, sockets held."""
     t = r["ttfa_ms"]
@@ -357,6 +381,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "workers": workers,
     "rates": rates,
     "lexicon": lexicon,
+    "voice_loading": voice_loading,
     "ray_proxy": ray_proxy,
     "formats": formats,
     "wyoming": wyoming,

@@ -171,7 +171,8 @@ class GeneratorStream(Stream):
 
 
 class Engine(ABC):
-    """A loaded model. All methods but ``voices`` run on the engine's worker thread."""
+    """A loaded model. All methods but ``voices`` and ``load_voice`` run on the engine's
+    worker thread."""
 
     name: str
     sample_rate: int
@@ -221,6 +222,18 @@ class Engine(ABC):
         as Piper's 16 kHz and 22.05 kHz ones do), else the engine's."""
         voice = self.voice(voice_id)
         return voice.sample_rate if voice is not None else self.sample_rate
+
+    def voice_loaded(self, voice_id: str) -> bool:
+        """Whether ``open`` can begin a segment in that voice without loading its model
+        first (an unknown voice counts as loaded: ``open`` refuses it). The worker asks
+        before opening, and loads a voice that is not (``load_voice``) on a thread of its
+        own, so that other listeners do not wait for the load."""
+        return True
+
+    def load_voice(self, voice_id: str) -> None:
+        """Load a voice's model for a later ``open``; the one method besides ``voices``
+        that runs off the worker's thread (on a loader thread, while steps go on). Raises
+        ``EngineError`` where it cannot. Engines that hold every voice have nothing to do."""
 
     def default_voice(self) -> str | None:
         """The voice a request that names none speaks with: the first of ``voices``, which

@@ -57,7 +57,7 @@ def _piper_load(options: EngineOptions) -> Engine:
     voices = _piper_voices(options) or None
     return PiperEngine(
         voices=voices, backend=options.piper_backend, device=options.device, threads=options.threads,  # type: ignore[arg-type]
-        precision=options.precision,
+        precision=options.precision, max_loaded_voices=options.piper_loaded_voices,
     )
 
 
@@ -133,6 +133,13 @@ class EngineOptions:
         default=None,
         metadata={"help": "a folder of Piper voices: every MODEL.onnx in it with its MODEL.onnx.json beside it is "
                   "loaded, after any --piper-voice, in the order of their names", "default_text": "none"},
+    )
+    piper_loaded_voices: int = field(
+        default=8,  # engine/piper/engine.py's DEFAULT_LOADED_VOICES: not imported here, it brings torch
+        metadata={"help": "Piper: the most voices whose models are loaded at once (a medium voice holds about 91 MiB "
+                  "in fp32); the first this many are loaded at start, the others when first asked for (first audio "
+                  "then waits for the load, other listeners do not), and the least recently used is unloaded to "
+                  "make room", "range": (1, 4096)},
     )
     model_dir: Path = field(
         default=Path("pretrained_models/CosyVoice2-0.5B"), metadata={"help": "CosyVoice2 model directory"}

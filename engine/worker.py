@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -94,6 +94,9 @@ class Worker:
         self._step_started_at: float | None = None
         self._step_seconds = 0.0
         """A running mean of its steps' durations (exponentially weighted)."""
+        self._loader: ThreadPoolExecutor | None = None
+        self._loading: dict[str, Future[None]] = {}
+        """Voices being loaded off this thread (``Engine.load_voice``), by id."""
         self._thread = threading.Thread(target=self._main, name=options.name, daemon=True)
         self._lock.thread = self._thread
 
@@ -256,6 +259,8 @@ class Worker:
                 leftover, self._utterances = self._utterances, []
             for u in leftover:
                 self._end(u, State.CANCELLED, None)
+            if self._loader is not None:
+                self._loader.shutdown(wait=False, cancel_futures=True)
             engine.close()
 
     def _loop(self, engine: Engine) -> None:
@@ -324,6 +329,8 @@ class Worker:
             idle = [u for u in self._utterances if u.stream is None and u.runnable() and not u.backlogged()]
         acted = False
         for u in idle:
+            if u.state in ENDED or not self._voice_ready(engine, u):
+                continue
             while u.state in (State.OPEN, State.COMPLETE):
                 segment = u.take()
                 if segment is None:
@@ -346,6 +353,35 @@ class Worker:
                 self._open(engine, u, segment)
                 break
         return acted
+
+    def _voice_ready(self, engine: Engine, u: Utterance) -> bool:
+        """Whether ``u``'s voice is loaded. If not, it is loaded on a thread of its own,
+        once for all who wait for it, while the steps of every other voice go on; ``u``
+        waits, and is failed with the load's error if it fails."""
+        voice = u.params.voice
+        if engine.voice_loaded(voice):
+            self._loading.pop(voice, None)
+            return True
+        loading = self._loading.get(voice)
+        if loading is None or (loading.done() and loading.exception() is None):
+            # Not asked for yet; or its load found it loaded, and it has been unloaded
+            # since (the bound is below the voices in use): load it again.
+            if self._loader is None:
+                self._loader = ThreadPoolExecutor(1, thread_name_prefix=f"{self.options.name}-voices")
+            log.info("loading voice %s", voice)
+            loading = self._loading[voice] = self._loader.submit(engine.load_voice, voice)
+            loading.add_done_callback(lambda _: self._wake())
+            return False
+        if not loading.done():
+            return False
+        error = loading.exception()
+        assert error is not None
+        del self._loading[voice]  # the next request tries again
+        with self._lock:
+            waiting = [w for w in self._utterances if w.params.voice == voice and w.stream is None]
+        for w in waiting:
+            self._fail(w, error if isinstance(error, Exception) else RuntimeError(error))
+        return False
 
     def _open(self, engine: Engine, u: Utterance, segment: str) -> None:
         try:

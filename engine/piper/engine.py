@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,10 @@ PHONEME_BUCKET = 32
 # frames), so that none waits long behind a wide step (benchmarks/README.md, batching,
 # has the measurements). A GPU gains throughput from width.
 CPU_MAX_BATCH, CPU_STEP_FRAMES = 8, 128
+# Voices loaded at once by default: a medium voice holds about 91 MiB in fp32, so eight
+# are about 0.7 GiB; a folder of more loads the others when first asked for
+# (benchmarks/README.md, "A voice that is not loaded yet").
+DEFAULT_LOADED_VOICES = 8
 GPU_MAX_BATCH, GPU_STEP_FRAMES = 32, 4096
 # A burst's second steps run one after another, and each listener's second piece must
 # arrive before its first has played. Where width costs time (a CPU), a step that starts
@@ -136,11 +142,16 @@ def _trimmed(phonemes: list[str]) -> list[str]:
     return phonemes[start:end]
 
 
-class _LoadedVoice:
-    """One voice: its phonemizer and config, and the model on the chosen backend."""
+# espeak-ng keeps one global state: a voice loading on its own thread (its calibration
+# sentence) must not phonemize while the worker's thread does.
+_ESPEAK = threading.Lock()
 
-    def __init__(self, files: VoiceFiles, backend: Backend, device: str, threads: int,
-                 precision: Precision = "fp32") -> None:
+
+class _Voice:
+    """One voice as its config gives it: its phonemizer, speakers and rate. Cheap (no
+    weights): every voice of a folder has one, whether or not its model is loaded."""
+
+    def __init__(self, files: VoiceFiles) -> None:
         from piper import PiperVoice
         from piper.config import PiperConfig
 
@@ -150,8 +161,6 @@ class _LoadedVoice:
         quality = raw.get("audio", {}).get("quality") if isinstance(raw.get("audio"), dict) else None
         self.quality = quality if isinstance(quality, str) else ""
         self.files = files
-        self.backend = backend
-        self.gain = 1.0
         # Speaker names at their ids; an id the map leaves out is named by its number.
         n = self.config.num_speakers if self.config.num_speakers > 1 else 0
         names = [str(i) for i in range(n)]
@@ -160,25 +169,8 @@ class _LoadedVoice:
                 names[i] = name
         self.speakers = tuple(names)
         self.default_speaker = self.config.default_speaker_id if n else None
-        if backend == "onnx":
-            import onnxruntime
-
-            # Our own session rather than PiperVoice.load's: its default pool takes every
-            # core and spins on them between runs (engine/threads.py).
-            providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
-            session = onnxruntime.InferenceSession(
-                str(files.model), sess_options=onnx_session_options(threads), providers=providers
-            )
-            self.piper = PiperVoice(session=session, config=self.config)
-            self.vits = None
-        else:
-            from voxwire.engine.piper.onnx_weights import load_vits
-
-            # PiperVoice is only the phonemizer here; no onnxruntime session is made.
-            self.piper = PiperVoice(session=None, config=self.config)
-            self.vits = load_vits(files.model, device=device)
-            if precision != "fp32":
-                self.vits.reduce_precision(dtype(precision), BF16_PARTS)
+        # PiperVoice as the phonemizer only: no onnxruntime session is made.
+        self.piper = PiperVoice(session=None, config=self.config)
 
     def describe(self) -> Voice:
         return Voice(
@@ -199,19 +191,23 @@ class _LoadedVoice:
         keys = (k for k in self.config.phoneme_id_map if len(k) == 1 and k not in "_^$ ")
         return "".join(sorted(keys))
 
+    def _espeak(self, text: str) -> list[list[str]]:
+        with _ESPEAK:
+            return [p for p in self.piper.phonemize(text) if p]
+
     def phonemize(self, text: str, lexicon: Lexicon | None = None) -> list[list[str]]:
         """``text``'s sentences as phonemes (espeak-ng's), with the lexicon's phonemes
         spliced in place of its words: a lexicon piece goes on the sentence it is in, and
         the text after it goes on that sentence, unless the piece ended it (``.!?``)."""
         if not lexicon:
-            return [p for p in self.piper.phonemize(text) if p]
+            return self._espeak(text)
         sentences: list[list[str]] = []
         going_on = False  # whether the last sentence is still open
         for piece in lexicon.pieces(text):
             if isinstance(piece, Phonemes):
                 new = [list(piece)]
             else:
-                new = [p for p in self.piper.phonemize(piece) if p]
+                new = self._espeak(piece)
             if not new:
                 continue
             if going_on:
@@ -222,24 +218,63 @@ class _LoadedVoice:
         return [s for s in sentences if _trimmed(s)]
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
-        return [self.piper.phonemes_to_ids(p) for p in self.piper.phonemize(text) if p]
+        return [self.piper.phonemes_to_ids(p) for p in self._espeak(text)]
 
     def ids_per_phoneme(self, phoneme: str) -> int:
         return len(self.config.phoneme_id_map.get(phoneme, ()))
+
+
+class _Model:
+    """A voice's weights on the chosen backend, and the gain they are calibrated to. A
+    stream holds the model it opened with, so a voice unloaded meanwhile (the engine's
+    LRU bound) still finishes its streams."""
+
+    def __init__(self, voice: _Voice, backend: Backend, device: str, threads: int,
+                 precision: Precision = "fp32") -> None:
+        self.voice = voice
+        self.piper = None
+        self.vits = None
+        if backend == "onnx":
+            import onnxruntime
+            from piper import PiperVoice
+
+            # Our own session rather than PiperVoice.load's: its default pool takes every
+            # core and spins on them between runs (engine/threads.py).
+            providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
+            session = onnxruntime.InferenceSession(
+                str(voice.files.model), sess_options=onnx_session_options(threads), providers=providers
+            )
+            self.piper = PiperVoice(session=session, config=voice.config)
+        else:
+            from voxwire.engine.piper.onnx_weights import load_vits
+
+            self.vits = load_vits(voice.files.model, device=device)
+            if precision != "fp32":
+                self.vits.reduce_precision(dtype(precision), BF16_PARTS)
+        self.gain = 1.0
+        self.gain = self._calibrate()
+
+    def _calibrate(self) -> float:
+        peak = 0.0
+        for ids in self.voice.phoneme_ids(_CALIBRATION_TEXT):
+            for piece in self.audio(ids, speed=1.0, noise=False):
+                peak = max(peak, float(np.abs(piece).max(initial=0.0)))
+        return min(_MAX_GAIN, _TARGET_PEAK / peak) if peak > 0 else 1.0
 
     def audio(self, ids: list[int], speed: float, noise: bool = True, speaker: int | None = None) -> Iterator[np.ndarray]:
         """The audio for one sentence's ids, alone: the onnxruntime backend's step, and
         the calibration of either backend. ``speaker``: a multi-speaker voice's speaker id
         (None: its default)."""
         if speaker is None:
-            speaker = self.default_speaker
-        cfg = self.config
+            speaker = self.voice.default_speaker
+        cfg = self.voice.config
         length_scale = cfg.length_scale / speed
         noise_scale = cfg.noise_scale if noise else 0.0
         noise_w = cfg.noise_w_scale if noise else 0.0
         if self.vits is None:
             from piper.config import SynthesisConfig
 
+            assert self.piper is not None
             syn = SynthesisConfig(
                 length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w, speaker_id=speaker
             )
@@ -261,9 +296,10 @@ class PiperStream(Stream):
     """One segment on the torch backend: its sentences' phonemes, the sentence being
     decoded, and the word aligner. Engine steps advance it (``PiperEngine.step``)."""
 
-    def __init__(self, voice: _LoadedVoice, speed: float, sentences: list[list[str]], aligner: Aligner | None,
-                 speaker: int | None = None) -> None:
+    def __init__(self, voice: _Voice, model: _Model, speed: float, sentences: list[list[str]],
+                 aligner: Aligner | None, speaker: int | None = None) -> None:
         self.voice = voice
+        self.model = model
         self.speaker = voice.default_speaker if speaker is None else speaker
         self.length_scale = voice.config.length_scale / speed
         self.sentences = sentences
@@ -290,10 +326,13 @@ class PiperEngine(Engine):
         device: str = "cpu",
         threads: int | None = None,
         precision: str = "auto",
+        max_loaded_voices: int = DEFAULT_LOADED_VOICES,
     ) -> None:
         """``threads``: CPU threads for the model's math (engine/threads.py; default: the
         physical cores, at most 4). ``precision``: "auto", "fp32" or "bf16"
-        (engine/precision.py); onnxruntime's graph is fp32 only."""
+        (engine/precision.py); onnxruntime's graph is fp32 only. ``max_loaded_voices``:
+        the first that many voices are loaded now, the others when first asked for, and
+        no more than that many stay loaded (the least recently used goes first)."""
         if backend not in BACKENDS:
             raise EngineError(ErrorCode.BAD_CONFIG, f"unknown Piper backend {backend!r}; use one of {BACKENDS}")
         try:
@@ -305,8 +344,11 @@ class PiperEngine(Engine):
                 raise EngineError(ErrorCode.BAD_CONFIG,
                                   "Piper's onnx backend computes in fp32 only; bf16 needs --piper-backend torch")
             self.precision = "fp32"
+        if max_loaded_voices < 1:
+            raise EngineError(ErrorCode.BAD_CONFIG, f"max_loaded_voices must be at least 1, got {max_loaded_voices}")
         files = list(voices) if voices else default_voices()
-        threads = configure_cpu_threads(threads)
+        self._threads = configure_cpu_threads(threads)
+        self.max_loaded_voices = max_loaded_voices
         self.backend = backend
         self.timestamps = backend == "torch"  # the durations that time words are the torch port's
         self.device = device
@@ -315,33 +357,86 @@ class PiperEngine(Engine):
             self.max_batch = GPU_MAX_BATCH if gpu else CPU_MAX_BATCH
             self.step_budget = GPU_STEP_FRAMES if gpu else CPU_STEP_FRAMES
             self.width_costs_time = not gpu
-        self._voices = {f.id: _LoadedVoice(f, backend, device, threads, self.precision) for f in files}
+        self._voices = {f.id: _Voice(f) for f in files}
         # Voices may differ in rate (16 kHz x_low and low, 22.05 kHz medium and high): each
         # utterance comes at its voice's (``voice_rate``), and a step batches a voice's
         # streams apart from another's. The engine's own rate is its default voice's.
         self.sample_rate = next(iter(self._voices.values())).config.sample_rate
-        for v in self._voices.values():
-            v.gain = self._calibrate(v)
+        # The loaded models, least recently used first: touched on the worker's thread
+        # only. A model loaded on another thread (``load_voice``) waits in _arrived until
+        # that thread next asks (``voice_loaded``); until it is first used it is not
+        # unloaded, or two voices asked for at once could unload each other forever.
+        self._loaded: OrderedDict[str, _Model] = OrderedDict()
+        self._unused: set[str] = set()
+        self._arrived: dict[str, _Model] = {}
+        self._arrival = threading.Lock()
+        for voice in list(self._voices.values())[:max_loaded_voices]:
+            self._loaded[voice.files.id] = self._load(voice)
 
-    @staticmethod
-    def _calibrate(voice: _LoadedVoice) -> float:
-        peak = 0.0
-        for ids in voice.phoneme_ids(_CALIBRATION_TEXT):
-            for piece in voice.audio(ids, speed=1.0, noise=False):
-                peak = max(peak, float(np.abs(piece).max(initial=0.0)))
-        return min(_MAX_GAIN, _TARGET_PEAK / peak) if peak > 0 else 1.0
+    def _load(self, voice: _Voice) -> _Model:
+        return _Model(voice, self.backend, self.device, self._threads, self.precision)
 
     def voices(self) -> list[Voice]:
         return [v.describe() for v in self._voices.values()]
 
-    def _sentences(self, text: str, params: SynthesisParams) -> tuple[_LoadedVoice, list[list[str]], Aligner | None]:
+    def voice_loaded(self, voice_id: str) -> bool:
+        self._adopt()
+        return voice_id in self._loaded or voice_id not in self._voices
+
+    def load_voice(self, voice_id: str) -> None:
+        voice = self._voices.get(voice_id)
+        if voice is None or voice_id in self._loaded:
+            return
+        try:
+            model = self._load(voice)
+        except Exception as e:
+            log.exception("Piper voice %s could not be loaded from %s", voice_id, voice.files.model)
+            raise EngineError(ErrorCode.ENGINE_ERROR,
+                              f"the voice {voice_id!r} could not be loaded; the server's log says why") from e
+        with self._arrival:
+            self._arrived[voice_id] = model
+
+    def _adopt(self) -> None:
+        """Take in the models other threads have loaded, then keep within the bound."""
+        with self._arrival:
+            arrived, self._arrived = self._arrived, {}
+        for voice_id, model in arrived.items():
+            if voice_id not in self._loaded:
+                self._loaded[voice_id] = model
+                self._unused.add(voice_id)
+        self._unload_beyond_bound()
+
+    def _unload_beyond_bound(self, keep: str | None = None) -> None:
+        """Unload the least recently used models beyond the bound, but never ``keep`` (the
+        voice being opened) nor one loaded and not yet used."""
+        for voice_id in list(self._loaded):
+            if len(self._loaded) <= self.max_loaded_voices:
+                return
+            if voice_id not in self._unused and voice_id != keep:
+                del self._loaded[voice_id]
+                log.info("Piper voice %s unloaded: more than %d voices were loaded", voice_id, self.max_loaded_voices)
+
+    def _model(self, voice: _Voice) -> _Model:
+        """The voice's model, loaded here if it is not yet (the worker loads it on a
+        thread of its own first: ``voice_loaded``), and marked as the most recently used."""
+        voice_id = voice.files.id
+        self._adopt()
+        model = self._loaded.get(voice_id)
+        if model is None:
+            model = self._loaded[voice_id] = self._load(voice)
+        self._loaded.move_to_end(voice_id)
+        self._unused.discard(voice_id)
+        self._unload_beyond_bound(keep=voice_id)
+        return model
+
+    def _sentences(self, text: str, params: SynthesisParams) -> tuple[_Voice, list[list[str]], Aligner | None]:
         voice = self._voices.get(params.voice)
         if voice is None:
             raise EngineError(ErrorCode.UNKNOWN_VOICE, f"no voice {params.voice!r}")
         # Phonemizing is cheap next to synthesis (a few ms of espeak-ng).
         sentences = voice.phonemize(text, params.lexicon)
         aligner = None
-        if params.timestamps and voice.vits is not None:
+        if params.timestamps and self.backend == "torch":
             # Each written word alone, as the lexicon says it: the timings name the words
             # as written, however they are said.
             words = word_phonemes(text, lambda word: voice.phonemize(word, params.lexicon), voice.ids_per_phoneme)
@@ -351,40 +446,41 @@ class PiperEngine(Engine):
     def open(self, text: str, params: SynthesisParams) -> Stream:
         voice, sentences, aligner = self._sentences(text, params)
         speaker = voice.describe().speaker_id(params.speaker)  # None: the voice's default
-        if voice.vits is None:
-            return GeneratorStream(self._whole_sentences(voice, sentences, params.speed, speaker))
-        return PiperStream(voice, params.speed, sentences, aligner, speaker)
+        model = self._model(voice)
+        if model.vits is None:
+            return GeneratorStream(self._whole_sentences(voice, model, sentences, params.speed, speaker))
+        return PiperStream(voice, model, params.speed, sentences, aligner, speaker)
 
-    def _whole_sentences(self, voice: _LoadedVoice, sentences: list[list[str]], speed: float,
+    def _whole_sentences(self, voice: _Voice, model: _Model, sentences: list[list[str]], speed: float,
                          speaker: int | None) -> Iterator[np.ndarray]:
         """The onnxruntime backend: a sentence per step, one stream at a time."""
         for phonemes in sentences:
-            for piece in voice.audio(voice.piper.phonemes_to_ids(phonemes), speed, speaker=speaker):
-                yield np.clip(piece * voice.gain, -1.0, 1.0).astype(np.float32, copy=False)
+            for piece in model.audio(voice.piper.phonemes_to_ids(phonemes), speed, speaker=speaker):
+                yield np.clip(piece * model.gain, -1.0, 1.0).astype(np.float32, copy=False)
 
     def step(self, streams: Sequence[Stream]) -> list[Step | Exception]:
-        """The torch backend: the streams of each voice advance together (``_compute``).
-        Every voice's share is computed before any stream is changed, so a failure raises
+        """The torch backend: the streams of each voice's model advance together
+        (``_compute``). Every model's share is computed before any stream is changed, so a failure raises
         for the whole batch with every stream as it was, and the worker steps them one by
         one (engine/worker.py) to fail only the one at fault."""
         if self.backend == "onnx":
             return super().step(streams)
         results: list[Step | Exception] = [Step([], done=True)] * len(streams)
-        by_voice: dict[str, list[int]] = {}
+        by_model: dict[int, list[int]] = {}
         piper_streams: list[PiperStream] = []
         for i, stream in enumerate(streams):
             assert isinstance(stream, PiperStream)
             piper_streams.append(stream)
             if not stream.finished:
-                by_voice.setdefault(stream.voice.files.id, []).append(i)
-        computed = [(members, self._compute([piper_streams[i] for i in members])) for members in by_voice.values()]
+                by_model.setdefault(id(stream.model), []).append(i)
+        computed = [(members, self._compute([piper_streams[i] for i in members])) for members in by_model.values()]
         for members, turns in computed:  # commit
             for i, turn in zip(members, turns):
                 results[i] = turn.commit()
         return results
 
     def _compute(self, streams: list[PiperStream]) -> list[_Turn]:
-        """One step for streams of one voice, computed and not committed: start the next
+        """One step for streams of one model, computed and not committed: start the next
         sentence of each that needs one (one batched prior), then decode one piece of each
         (batched)."""
         starting = [s for s in streams if s.decoder is None]
@@ -397,10 +493,10 @@ class PiperEngine(Engine):
         return turns
 
     def _start_sentences(self, starting: list[PiperStream]) -> list[_Turn]:
-        """The next sentence of each of ``starting`` (streams of one voice), as turns with
+        """The next sentence of each of ``starting`` (streams of one model), as turns with
         a new decoder and the sentence's durations: their priors, batched."""
         voice = starting[0].voice
-        vits = voice.vits
+        vits = starting[0].model.vits
         assert vits is not None
         cfg = voice.config
         ids = [torch.tensor(voice.piper.phonemes_to_ids(s.sentences[s.next_sentence]), dtype=torch.long)
@@ -456,5 +552,5 @@ class _Turn:
             s.decoder = None
         s.offset += piece.size
         if piece.size:
-            out.append(np.clip(piece * s.voice.gain, -1.0, 1.0).astype(np.float32, copy=False))
+            out.append(np.clip(piece * s.model.gain, -1.0, 1.0).astype(np.float32, copy=False))
         return Step(out, done=s.finished)

@@ -62,7 +62,7 @@ def test_piper_on_a_cpu_without_bf16_gets_fp32_from_auto(cpu_without_bf16):
     from voxwire.engine.piper.engine import PiperEngine
 
     engine = PiperEngine(precision="auto")
-    vits = engine._voices["joe"].vits
+    vits = engine._loaded["joe"].vits
     assert engine.precision == "fp32"
     assert {vits.dtype_of(p) for p in ("enc_p", "dp", "flow", "dec")} == {torch.float32}
 

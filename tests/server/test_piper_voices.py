@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from voxwire.engine.registry import EngineOptions, preflight
-from voxwire_client import Client
+from voxwire_client import Client, ServerError
 from voxwire.server.config import ServerConfig
 from tests.conftest import RunningServer, run_server
 from tests.server.doors.test_wyoming import hear, port, read
@@ -263,3 +264,67 @@ def test_a_folder_without_voices_or_two_voices_of_one_name_are_refused(reference
     twice = EngineOptions(name="piper", piper_voices=(reference_voices["x_low"],),
                           piper_voices_dir=reference_voices["x_low"].parent)
     assert "two Piper voices are named 'x_low'" in preflight(twice)
+
+
+# -- more voices than stay loaded: --piper-loaded-voices ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lazy_server(quiet_voices, tmp_path_factory) -> Iterator[RunningServer]:
+    """The quiet voices and one whose model cannot be read, with one voice loaded at a
+    time: the first at start, each other when first asked for. Each load's voice and
+    thread are recorded in ``loads``."""
+    broken = tmp_path_factory.mktemp("broken-voice") / "broken.onnx"
+    broken.write_bytes(b"not an ONNX model")
+    shutil.copy(f"{quiet_voices['x_low']}.json", f"{broken}.json")
+    options = EngineOptions(name="piper", piper_voices=(*quiet_voices.values(), broken), precision="fp32",
+                            piper_loaded_voices=1)
+    with run_server(ServerConfig(engine=options, cache_mb=0, step_timeout=300)) as s:
+        engine = s.service.worker.loaded_engine()
+        load = engine.load_voice
+        s.loads = []  # type: ignore[attr-defined]
+
+        def recorded(voice_id: str) -> None:
+            s.loads.append((voice_id, threading.current_thread().name))  # type: ignore[attr-defined]
+            load(voice_id)
+
+        engine.load_voice = recorded  # type: ignore[method-assign]
+        yield s
+
+
+async def test_voices_beyond_the_bound_load_on_a_thread_of_their_own_while_others_speak(lazy_server, piper_says,
+                                                                                        x_low_says):
+    """Only the first voice is loaded at start, yet every voice is listed. An utterance in
+    a voice not loaded waits for its load, off the worker's thread, while one in the
+    loaded voice is spoken meanwhile; both are what piper-tts says. The bound holds: once
+    the second voice is used, the first is unloaded, and its stream still ends right."""
+    engine = lazy_server.service.worker.loaded_engine()
+    assert list(engine._loaded) == ["speakers"]
+    async with httpx.AsyncClient() as http:
+        listed = (await http.get(f"{lazy_server.http}/v1/voices")).json()["voices"]
+    assert [v["id"] for v in listed] == ["speakers", "x_low", "german", "broken"]
+    async with await Client.connect(lazy_server.ws) as client:
+        bob = await client.speak(TEXT, voice="speakers", speaker="bob", sample_rate=RATE)
+        x_low = await client.speak(TEXT, voice="x_low", sample_rate=X_LOW_RATE)
+        (bob_frames, bob_done), (x_low_frames, x_low_done) = await asyncio.gather(bob.collect(), x_low.collect())
+    assert bob_done["type"] == "done" and x_low_done["type"] == "done"
+    assert whose(np.concatenate([f.to_float32() for f in bob_frames]), piper_says) == 1
+    assert whose(np.concatenate([f.to_float32() for f in x_low_frames]), {None: x_low_says}) is None
+    worker_thread = lazy_server.service.worker._thread.name
+    assert ("x_low", worker_thread) not in lazy_server.loads
+    assert [voice for voice, _ in lazy_server.loads].count("x_low") >= 1
+    assert len(engine._loaded) == 1
+
+
+async def test_a_voice_that_cannot_load_fails_its_utterance_with_a_code_and_the_rest_go_on(lazy_server):
+    async with await Client.connect(lazy_server.ws) as client:
+        for _ in range(2):  # and a second time: the load is tried again, and fails again
+            u = await client.speak(TEXT, voice="broken", sample_rate=X_LOW_RATE)
+            with pytest.raises(ServerError) as failed:
+                await u.collect()
+            assert failed.value.code == "engine_error"
+            assert "'broken' could not be loaded" in failed.value.message
+        u = await client.speak(TEXT, voice="german", sample_rate=X_LOW_RATE)
+        frames, done = await u.collect()
+    assert done["type"] == "done"
+    assert np.abs(np.concatenate([f.to_float32() for f in frames])).max() > 0.01

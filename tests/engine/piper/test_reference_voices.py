@@ -198,8 +198,8 @@ def test_the_onnx_backend_passes_the_speaker(reference_voices, engine):
     from voxwire.engine.piper.engine import PiperEngine, voice_files_from_path
 
     onnx = PiperEngine([voice_files_from_path(reference_voices["speakers"])], backend="onnx")
-    by_onnx, by_torch = onnx._voices["speakers"], engine._voices["speakers"]
-    ids = by_torch.phoneme_ids(TEXT)[0]
+    by_onnx, by_torch = onnx._loaded["speakers"], engine._loaded["speakers"]
+    ids = engine._voices["speakers"].phoneme_ids(TEXT)[0]
     for speaker in (1, 3):
         a = np.concatenate(list(by_onnx.audio(ids, 1.0, noise=False, speaker=speaker)))
         b = np.concatenate(list(by_torch.audio(ids, 1.0, noise=False, speaker=speaker)))
