@@ -154,6 +154,15 @@ def speakers_server() -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="session")
+def kokoro_server() -> Iterator[RunningServer]:
+    """Kokoro-82M (the voxwire[kokoro] wheels' int8 graph and five voices) behind a real
+    server, streaming in windows, with the Wyoming door on a free port too."""
+    options = EngineOptions(name="kokoro", precision="fp32", kokoro_decode="windows")
+    with run_server(ServerConfig(engine=options, cache_mb=0, wyoming_port=0, step_timeout=300)) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
 def cosyvoice_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """CosyVoice2 on a tiny random-weight model directory in the released layout."""
     from voxwire.engine.cosyvoice2.tiny import make_tiny_model_dir

@@ -6,7 +6,6 @@ GET /v1/voices; a bad voice or blend is a coded refusal."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import httpx
 import msgpack
@@ -18,22 +17,12 @@ from wyoming.client import AsyncTcpClient
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
-from tests.conftest import RunningServer, run_server
 from tests.server.doors.test_wyoming import hear, port, read
 from tests.server.test_pipeline import speak_v1
-from voxwire.engine.registry import EngineOptions
-from voxwire.server.config import ServerConfig
 
 TEXT = "The museum opens at nine, and the guided tours start at ten."
 RATE = 24000
 VOICES = ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    options = EngineOptions(name="kokoro", precision="fp32", kokoro_decode="windows")
-    with run_server(ServerConfig(engine=options, cache_mb=0, wyoming_port=0, step_timeout=300)) as s:
-        yield s
 
 
 def _speech(audio: np.ndarray, seconds: tuple[float, float]) -> None:
@@ -41,8 +30,8 @@ def _speech(audio: np.ndarray, seconds: tuple[float, float]) -> None:
     assert 0.03 < float(np.sqrt((audio**2).mean())) < 0.5
 
 
-async def test_protocol_v1_speaks_a_kokoro_voice_with_word_timings(server):
-    async with websockets.connect(server.ws) as ws:
+async def test_protocol_v1_speaks_a_kokoro_voice_with_word_timings(kokoro_server):
+    async with websockets.connect(kokoro_server.ws) as ws:
         ready = orjson.loads(await ws.recv())
         events, audio = await speak_v1(ws, "u1", TEXT, voice="jm_kumo", sample_rate=RATE, timestamps=True)
     assert ready["type"] == "ready"
@@ -54,10 +43,10 @@ async def test_protocol_v1_speaks_a_kokoro_voice_with_word_timings(server):
     assert starts == sorted(starts) and words[-1]["end_ms"] <= 1000 * audio.size / RATE + 1
 
 
-async def test_a_lexicon_says_a_word_in_kokoros_phonemes_and_the_timings_keep_the_written_word(server):
+async def test_a_lexicon_says_a_word_in_kokoros_phonemes_and_the_timings_keep_the_written_word(kokoro_server):
     text = "I use Postgres daily."
     ten = "/wˈʌn tˈu θɹˈi fˈɔɹ fˈIv sˈɪks sˈɛvən ˈAt nˈIn tˈɛn/"  # misaki's set: I, A for the diphthongs
-    async with websockets.connect(server.ws) as ws:
+    async with websockets.connect(kokoro_server.ws) as ws:
         await ws.recv()
         plain, plain_audio = await speak_v1(ws, "p", text, voice="jm_kumo", sample_rate=RATE, timestamps=True)
         said, said_audio = await speak_v1(ws, "s", text, voice="jm_kumo", sample_rate=RATE, timestamps=True,
@@ -77,8 +66,8 @@ async def test_a_lexicon_says_a_word_in_kokoros_phonemes_and_the_timings_keep_th
 @pytest.mark.parametrize("voice, code", [
     ("nobody", "unknown_voice"), ("jf_alpha+nobody", "unknown_voice"), ("jf_alpha*-2", "invalid_voice_blend"),
 ])
-async def test_a_bad_voice_or_blend_is_refused_with_its_code(server, voice, code):
-    async with websockets.connect(server.ws) as ws:
+async def test_a_bad_voice_or_blend_is_refused_with_its_code(kokoro_server, voice, code):
+    async with websockets.connect(kokoro_server.ws) as ws:
         await ws.recv()
         events, audio = await speak_v1(ws, "u1", TEXT, voice=voice, sample_rate=RATE)
         after, heard = await speak_v1(ws, "u2", "Still here.", voice="jf_alpha*0.6+jm_kumo*0.4", sample_rate=RATE)
@@ -88,8 +77,8 @@ async def test_a_bad_voice_or_blend_is_refused_with_its_code(server, voice, code
     _speech(heard, (0.5, 2.5))
 
 
-async def test_a_cancel_stops_the_audio(server):
-    async with websockets.connect(server.ws) as ws:
+async def test_a_cancel_stops_the_audio(kokoro_server):
+    async with websockets.connect(kokoro_server.ws) as ws:
         await ws.recv()
         await ws.send(orjson.dumps({"type": "speak", "ctx": "c", "text": TEXT * 3, "voice": "jf_alpha",
                                     "format": "pcm_s16le", "sample_rate": RATE}).decode())
@@ -112,32 +101,32 @@ async def test_a_cancel_stops_the_audio(server):
     assert after / 2 / RATE < 1.5  # what was already on its way, no more
 
 
-async def test_the_openai_route_speaks_by_voice_name(server):
+async def test_the_openai_route_speaks_by_voice_name(kokoro_server):
     async with httpx.AsyncClient(timeout=120) as http:
-        answer = await http.post(f"{server.http}/v1/audio/speech", json={
+        answer = await http.post(f"{kokoro_server.http}/v1/audio/speech", json={
             "model": "tts-1", "input": TEXT, "voice": "jf_nezumi", "response_format": "pcm"})
-        unknown = await http.post(f"{server.http}/v1/audio/speech", json={
+        unknown = await http.post(f"{kokoro_server.http}/v1/audio/speech", json={
             "model": "tts-1", "input": TEXT, "voice": "jf_alpha+nobody", "response_format": "pcm"})
     assert answer.status_code == 200
     _speech(np.frombuffer(answer.content, "<i2").astype(np.float32) / 32767, (2.5, 6.0))
     assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "unknown_voice"
 
 
-async def test_wyoming_describes_and_speaks_the_voices(server):
-    async with AsyncTcpClient("127.0.0.1", port(server)) as client:
+async def test_wyoming_describes_and_speaks_the_voices(kokoro_server):
+    async with AsyncTcpClient("127.0.0.1", port(kokoro_server)) as client:
         await client.write_event(Describe().event())
         (program,) = Info.from_event(await read(client)).tts
     assert [v.name for v in program.voices] == VOICES
     assert all(v.languages == ["en-us"] for v in program.voices)  # what they speak without pyopenjtalk
-    async with AsyncTcpClient("127.0.0.1", port(server)) as client:
+    async with AsyncTcpClient("127.0.0.1", port(kokoro_server)) as client:
         await client.write_event(Synthesize(text=TEXT, voice=SynthesizeVoice(name="jf_tebukuro")).event())
         heard = await hear(client)
     assert heard.start is not None and heard.start.rate == RATE
     _speech(heard.audio, (2.5, 6.0))
 
 
-async def test_the_voice_list_names_each_voice_and_language(server):
+async def test_the_voice_list_names_each_voice_and_language(kokoro_server):
     async with httpx.AsyncClient() as http:
-        listed = (await http.get(f"{server.http}/v1/voices")).json()["voices"]
+        listed = (await http.get(f"{kokoro_server.http}/v1/voices")).json()["voices"]
     assert [(v["id"], v["sample_rate"]) for v in listed] == [(v, RATE) for v in VOICES]
     assert all("Japanese" in v["description"] for v in listed)

@@ -1,6 +1,6 @@
 """The LiveKit Agents plugin (voxwire_client.livekit) driven by the real framework's
 stream and chunked-stream machinery, against a real Voxwire server on loopback: Piper for
-speech and word timings, the tone engine where a server with API keys is needed, and its
+speech and word timings (and Kokoro, with a voice of its own), the tone engine where a server with API keys is needed, and its
 multi-speaker variant for the ``speaker`` option."""
 
 from __future__ import annotations
@@ -208,6 +208,27 @@ async def test_synthesize_returns_the_whole_utterance(piper_server):
     await tts.aclose()
     assert (frame.sample_rate, frame.num_channels) == (24000, 1)
     assert_speech(samples([frame]), 24000, words=9)
+
+
+async def test_a_kokoro_voice_streams_with_timed_words(kokoro_server):
+    """The Kokoro engine through the plugin: a voice of its own by name, text at an LLM's
+    pace, its 24 kHz audio, and a timed transcript that is the text, word by word."""
+    tts = TTS(url=kokoro_server.ws, voice="jm_kumo", sample_rate=24000)
+    stream = tts.stream()
+    for token in tokens(SEVERAL):
+        stream.push_text(token)
+    stream.end_input()
+    events: list[SynthesizedAudio] = []
+    async for ev in stream:
+        events.append(ev)
+    await tts.aclose()
+    assert {(ev.frame.sample_rate, ev.frame.num_channels) for ev in events} == {(24000, 1)}
+    audio = samples([ev.frame for ev in events])
+    assert_speech(audio, 24000, words=len(words(SEVERAL)))
+    spoken = timed(events)
+    assert "".join(spoken) == SEVERAL
+    starts = [t.start_time for t in spoken]
+    assert starts == sorted(starts) and 0 < audio.size / 24000 - spoken[-1].end_time < 1.0
 
 
 async def test_a_lexicon_says_a_word_its_way_and_is_updated(piper_server):

@@ -1,6 +1,6 @@
 """VoxwireTTSService (voxwire_client/pipecat.py) in real Pipecat pipelines against the real
 server (Piper) on loopback: speech and timed words from a TTSSpeakFrame and from an LLM's
-streamed tokens, a barge-in, a dropped connection and a crash mid-turn (what reaches the
+streamed tokens (on Kokoro too, in a voice of its own), a barge-in, a dropped connection and a crash mid-turn (what reaches the
 assistant's context), an outage longer than Pipecat's reconnecting (a server process
 killed and started again), many turns on one socket, server errors, an unknown voice set
 while running, and a refused API key; and a multi-speaker voice's speaker, set and
@@ -196,6 +196,19 @@ async def test_an_llms_tokens_are_spoken_as_they_stream_with_metrics(piper_serve
     [ttfb] = [d.value for d in metrics if isinstance(d, TTFBMetricsData) and d.value > 0]
     assert ttfb < 10  # from the first token to the first audio
     assert [d.value for d in metrics if isinstance(d, TTSUsageMetricsData)] == [len(SEVERAL)]
+
+
+async def test_a_kokoro_voice_speaks_an_llms_tokens_with_timed_words(kokoro_server):
+    """The Kokoro engine through the service: a voice of its own by name, streamed text,
+    its 24 kHz audio at the pipeline's rate, and a word frame for each word at its time."""
+    down, up = await run_test(
+        VoxwireTTSService(url=kokoro_server.ws, settings=VoxwireTTSService.Settings(voice="jm_kumo")),
+        frames_to_send=llm_turn(SEVERAL),
+        pipeline_params=PipelineParams(audio_out_sample_rate=24000),
+        start_timeout=30,
+    )
+    assert not errors(up)
+    assert_spoken(down, SEVERAL, 24000)
 
 
 async def test_a_lexicon_says_a_word_its_way_and_the_word_frames_keep_it_as_written(piper_server):
