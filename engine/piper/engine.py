@@ -142,6 +142,29 @@ def _trimmed(phonemes: list[str]) -> list[str]:
     return phonemes[start:end]
 
 
+# What piper-tts's phonemizers other than espeak-ng's need beyond the wheel: the modules
+# each imports (PyPI packages of the same names), and for Chinese the g2pW model, which
+# piper-tts would download on first use. Voxwire downloads nothing at run time: the model
+# is looked for in the voice's folder (``g2pW/g2pw.onnx``) and a voice without it refused.
+_PHONEMIZER_MODULES = {
+    "pinyin": ("unicode_rbnf", "sentence_stream"),
+    "japanese": ("pyopenjtalk",),
+    "thai": ("tltk", "unicode_rbnf"),
+}
+G2PW_URL = "https://huggingface.co/datasets/rhasspy/piper-checkpoints/resolve/main/zh/zh_CN/_resources/g2pw.tar.gz"
+
+
+def phonemizer_missing(phoneme_type: str, folder: Path) -> list[str]:
+    """What the phonemizer a voice's config names lacks here (empty: nothing)."""
+    import importlib.util
+
+    missing = [f"the Python package {m} (pip install {m.replace('_', '-')})"
+               for m in _PHONEMIZER_MODULES.get(phoneme_type, ()) if importlib.util.find_spec(m) is None]
+    if phoneme_type == "pinyin" and not (folder / "g2pW" / "g2pw.onnx").is_file():
+        missing.append(f"the g2pW model at {folder / 'g2pW' / 'g2pw.onnx'} (unpack {G2PW_URL} into {folder / 'g2pW'})")
+    return missing
+
+
 # espeak-ng keeps one global state: a voice loading on its own thread (its calibration
 # sentence) must not phonemize while the worker's thread does.
 _ESPEAK = threading.Lock()
@@ -169,8 +192,13 @@ class _Voice:
                 names[i] = name
         self.speakers = tuple(names)
         self.default_speaker = self.config.default_speaker_id if n else None
-        # PiperVoice as the phonemizer only: no onnxruntime session is made.
-        self.piper = PiperVoice(session=None, config=self.config)
+        kind = self.config.phoneme_type.value
+        if missing := phonemizer_missing(kind, files.model.parent):
+            raise EngineError(ErrorCode.MODEL_MISSING, f"the Piper voice {files.id!r} is phonemized by piper-tts's "
+                              f"{kind} phonemizer, which needs {' and '.join(missing)}")
+        # PiperVoice as the phonemizer only: no onnxruntime session is made. Resources a
+        # phonemizer reads from disk (Chinese's g2pW) are in the voice's folder.
+        self.piper = PiperVoice(session=None, config=self.config, download_dir=files.model.parent)
 
     def describe(self) -> Voice:
         return Voice(
