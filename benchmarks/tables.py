@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from voxwire.benchmarks import report
+from voxwire.benchmarks import kokoro, report
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
@@ -395,6 +395,9 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "quality-clauses": quality_clauses,
     "agents": agents,
     "agents-ratios": agents_ratios,
+    "kokoro": kokoro.table,
+    "kokoro-parts": kokoro.parts_table,
+    "kokoro-targets": kokoro.targets_table,
 }
 
 

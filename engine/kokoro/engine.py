@@ -45,8 +45,11 @@ from voxwire.engine.threads import configure_cpu_threads
 log = logging.getLogger("voxwire.engine.kokoro")
 
 # In decoder frames: the generator's input, 2 a duration frame, 300 samples (12.5 ms).
-FIRST_PIECE_FRAMES = 12
-"""150 ms: the shortest chunk the server may send first, so the first piece leaves alone."""
+FIRST_PIECE_FRAMES = 16
+"""200 ms, over the 150 ms the server sends first, so the first piece leaves alone. Not
+150: the next window (its piece and 24 frames of context) took longer to compute than
+150 ms of audio last, and a listener ran dry at the first join (bf16, this project's 2-core
+CPU: 12 underruns in 6 replies at 150 ms, 2 at 200 ms, first audio alike)."""
 PIECE_FRAMES = 96
 CONTEXT = 12
 FEATURE_CONTEXT = 16
@@ -223,7 +226,7 @@ class KokoroEngine(Engine):
         """Every stream's piece is computed before any stream changes: a failure raises
         for the whole batch with the streams as they were (engine/base.py)."""
         turns: list[_Turn | None] = []
-        with torch.inference_mode(), self._autocast():
+        with torch.inference_mode():
             for stream in streams:
                 assert isinstance(stream, KokoroStream)
                 if stream.finished:
@@ -236,6 +239,12 @@ class KokoroEngine(Engine):
         return [self._commit(t) if t is not None else Step([], done=True) for t in turns]
 
     def _autocast(self) -> torch.autocast:
+        """What bf16 computes in bf16: the generator's body, nearly all of the work (its
+        convolutions 0.65x fp32's time on an AVX512-BF16 CPU). The prosody pass stays fp32,
+        so durations and word timings are fp32's (in bf16 it moved one token's duration in
+        sixty, for 0.6x its 120 ms); so do the frame-rate features (bf16 there cost 3 dB
+        more for 30 ms a sentence), the harmonic source and the generator's head (model.py).
+        The audio is 36 dB from fp32's (tests/engine/kokoro/test_engine.py)."""
         return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _start(self, stream: KokoroStream) -> _Part:
@@ -273,7 +282,8 @@ class KokoroEngine(Engine):
                 x = torch.cat([x for x, _ in inputs])
                 har = torch.cat([h for _, h in inputs])
                 s = torch.cat([t.part.style for t, _, _ in batch])
-                audio = generator(x, s, har.to(x.dtype)).float().cpu().numpy()
+                with self._autocast():
+                    audio = generator(x, s, har).float().cpu().numpy()
                 for row, (turn, lo, _) in enumerate(batch):
                     start = turn.part.spans[turn.part.next_span][0]
                     turn.audio = audio[row, (start - lo) * generator.upsample :]

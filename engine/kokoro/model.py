@@ -459,7 +459,10 @@ class Generator(nn.Module):
         """The merged excitation (B, samples): voiced sines plus noise, unvoiced noise."""
         noise_amp = uv * self.NOISE_STD + (1 - uv) * self.SINE_AMP / 3
         sines = torch.sin(phase) * self.SINE_AMP * uv + noise_amp * noise
-        return torch.tanh(self.m_source.l_linear(sines)).squeeze(-1)
+        # float32 under autocast too: in bf16 this merge alone took the decoder's audio
+        # from 32 dB of float32's to 26 (engine/kokoro/engine.py's precision note).
+        with torch.autocast(phase.device.type, enabled=False):
+            return torch.tanh(self.m_source.l_linear(sines.float())).squeeze(-1)
 
     def forward(self, x: torch.Tensor, s: torch.Tensor, har: torch.Tensor) -> torch.Tensor:
         """Audio (B, frames x upsample) for decoder features x (B, C, frames) and the
@@ -476,7 +479,11 @@ class Generator(nn.Module):
                 x = F.pad(x, (1, 0), mode="reflect")
             x = x + source
             x = sum(self.resblocks[i * kernels + j](x, s) for j in range(kernels)) / kernels
-        x = self.conv_post(F.leaky_relu(x, 0.01))
+        # The head computes in float32 whatever the body did (bf16 under autocast): its
+        # output is the log magnitude and phase of every bin, which exp and the inverse
+        # STFT would turn from bf16's 8 significant bits into audible noise.
+        with torch.autocast(x.device.type, enabled=False):
+            x = self.conv_post(F.leaky_relu(x.float(), 0.01))
         half = self.cfg.n_fft // 2 + 1
         spec = torch.exp(x[:, :half]) * torch.exp(1j * torch.sin(x[:, half:]))
         return torch.istft(spec, self.cfg.n_fft, self.cfg.hop, self.cfg.n_fft, window=self.window)

@@ -34,16 +34,28 @@ def test_tiny_bench_measures_every_protocol_end_to_end(tmp_path):
     check_run(tmp_path, Plan.named("tiny"))
 
 
-def check_run(out: Path, plan: Plan) -> None:
+# Kokoro decodes each sentence whole by default: seconds an utterance on a CPU.
+@pytest.mark.timeout(900)
+def test_tiny_bench_measures_kokoro_on_every_door_without_peers(tmp_path):
+    assert main(["--tiny", "--engine", "kokoro", "--out", str(tmp_path), "--no-plots"]) == 0
+    check_run(tmp_path, Plan.named("tiny"), engine="kokoro", plots=False)
+
+
+def check_run(out: Path, plan: Plan, engine: str = "piper", plots: bool = True) -> None:
     """What every run of the bench with its own servers must show (also usable on a
-    stored run: ``check_run(Path("benchmarks/results/…"), Plan.named(…))``)."""
+    stored run: ``check_run(Path("benchmarks/results/…"), Plan.named(…))``). Piper's runs
+    have wyoming-piper and Piper's HTTP server beside Voxwire; other engines' have none."""
     r = json.loads((out / "results.json").read_text())
     assert r["machine"]["cores"] >= 1 and r["machine"]["cpu"]
+    assert r["config"]["engine"] == engine
     servers = r["servers"]
     kinds = {name: s["kind"] for name, s in servers.items()}
-    expected = {VOXWIRE: "v1", VOXWIRE_OPENAI: "openai", WYOMING_PIPER: "wyoming", PIPER_HTTP: "piper_http"}
+    expected = {VOXWIRE: "v1", VOXWIRE_OPENAI: "openai"}
+    if engine == "piper":
+        expected |= {WYOMING_PIPER: "wyoming", PIPER_HTTP: "piper_http"}
+        assert servers[WYOMING_PIPER]["streaming"] is True  # wyoming-piper takes streamed text
     assert {k: v for k, v in kinds.items() if k != VOXWIRE_WYOMING} == expected
-    assert servers[WYOMING_PIPER]["streaming"] is True  # wyoming-piper takes streamed text
+    assert all(s["engine"] == engine for name, s in servers.items() if name.startswith("Voxwire"))
     for name, s in servers.items():
         single = s["single"]
         # Every utterance asked for was answered with real speech, and counted once.
@@ -86,8 +98,11 @@ def check_run(out: Path, plan: Plan) -> None:
     h = r["headline"]
     assert math.isclose(h["ttfa_over_floor"], h["ttfa_p50_ms"] / h["floor_first_chunk_p50_ms"])
     assert math.isclose(h["compute_limit_streams"], 1 / floor["rtf"]["p50"])
-    assert math.isclose(h["three_sentences_ttfa_over_wyoming_piper"],
-                        h["three_sentences_ttfa_p50_ms"] / h["wyoming_piper_three_sentences_ttfa_p50_ms"])
+    if engine == "piper":
+        assert math.isclose(h["three_sentences_ttfa_over_wyoming_piper"],
+                            h["three_sentences_ttfa_p50_ms"] / h["wyoming_piper_three_sentences_ttfa_p50_ms"])
+    else:
+        assert "three_sentences_ttfa_over_wyoming_piper" not in h
     mem = r.get("memory", {"readers": 0, "stalled_rss_mb": 1, "queued_audio_s": 1})
     assert mem["readers"] == plan.readers and mem["stalled_rss_mb"] > 0 and mem["queued_audio_s"] > 0
     if "poisson" in r:
@@ -110,7 +125,8 @@ def check_run(out: Path, plan: Plan) -> None:
     assert "result cache" not in md.split("Command:")[0]  # no warning: nothing was replayed
     for name in servers:
         assert f"| {name} |" in md
-    for png in ("concurrency.png", "servers.png", "length.png"):
+    assert f"Engine: {engine} (" in md
+    for png in ("concurrency.png", "servers.png", "length.png") if plots else ():
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

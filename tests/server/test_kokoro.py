@@ -77,6 +77,19 @@ async def test_a_bad_voice_or_blend_is_refused_with_its_code(kokoro_server, voic
     _speech(heard, (0.5, 2.5))
 
 
+async def test_text_with_nothing_to_say_ends_done_with_no_audio_and_no_error(kokoro_server):
+    """Punctuation alone (which Kokoro would breathe half a second of) says nothing, as in
+    Piper: ``done`` with 0 samples (docs/protocol.md), and the next utterance speaks."""
+    async with websockets.connect(kokoro_server.ws) as ws:
+        await ws.recv()
+        events, audio = await speak_v1(ws, "dots", "... —", voice="jf_alpha", sample_rate=RATE)
+        after, heard = await speak_v1(ws, "hi", "Hi... there.", voice="jf_alpha", sample_rate=RATE)
+    assert [e["type"] for e in events] == ["started", "done"] and events[-1]["samples"] == 0 and audio.size == 0
+    assert events[-1]["ttfa_ms"] is None
+    assert after[-1]["type"] == "done" and after[-1]["samples"] == heard.size
+    _speech(heard, (0.5, 2.5))
+
+
 async def test_a_cancel_stops_the_audio(kokoro_server):
     async with websockets.connect(kokoro_server.ws) as ws:
         await ws.recv()
