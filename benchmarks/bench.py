@@ -306,7 +306,7 @@ def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dic
     # The engine as the server loads it, with the server's settings (_engine_options).
     engine = engine_factory(_engine_settings(args))()
     engine.warmup()
-    voice = engine.voices()[0].id  # the server's default voice, which the rows speak
+    voice = args.voice or engine.voices()[0].id  # what the rows speak: --voice, or the server's default
     warm = [corpus.WARMUP[k % len(corpus.WARMUP)] for k in range(plan.warmup)]
     length_texts = [corpus.first_sentence(w) for w in plan.lengths]
     try:
@@ -364,15 +364,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": machine.facts(args.device),
         "config": {"scale": args.scale, "url": args.url, "engine": args.engine, "piper_backend": args.piper_backend,
-                   "kokoro_decode": args.kokoro_decode, "precision": args.precision, "device": args.device,
+                   "kokoro_decode": args.kokoro_decode, "voice": args.voice, "precision": args.precision,
+                   "device": args.device,
                    "plan": asdict(plan),
                    "ttfa_target_ms": TTFA_TARGET_MS,
                    "texts": {"three_sentences": corpus.THREE_SENTENCES, "replies": corpus.REPLIES}},
     }
     if args.url is not None:
         # Reached, and named as it says, before any phase: raises Unreachable.
-        facts = asyncio.run(probe(Target("", args.url, args.format)))
-        target = Target(row_name(kind_of(args.url), facts), args.url, args.format)
+        facts = asyncio.run(probe(Target("", args.url, args.format, args.voice)))
+        target = Target(row_name(kind_of(args.url), facts), args.url, args.format, args.voice)
         results["config"].update(engine=facts.engine, precision=facts.precision, device=facts.device,
                                  server=asdict(facts))
         results.update(asyncio.run(measure([Opener(target)], plan, target.name)))
@@ -401,11 +402,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # The floor runs while the servers sit idle and loaded, as it always did after them.
         results["floor"] = measure_floor(args, plan, [corpus.THREE_SENTENCES, *corpus.REPLIES[: plan.rounds]])
         targets = [
-            Target(VOXWIRE, f"ws://127.0.0.1:{port}/v1/stream"),
-            Target(VOXWIRE_OPENAI, f"http://127.0.0.1:{port}/v1/audio/speech", args.format),
+            Target(VOXWIRE, f"ws://127.0.0.1:{port}/v1/stream", voice=args.voice),
+            Target(VOXWIRE_OPENAI, f"http://127.0.0.1:{port}/v1/audio/speech", args.format, args.voice),
         ]
         if wyoming_port is not None:
-            targets.append(Target(VOXWIRE_WYOMING, f"tcp://127.0.0.1:{wyoming_port}"))
+            targets.append(Target(VOXWIRE_WYOMING, f"tcp://127.0.0.1:{wyoming_port}", voice=args.voice))
         targets += [Target(p.name, p.url) for p in others]
         results.update(asyncio.run(measure([Opener(t) for t in targets], plan, VOXWIRE)))
         for t in targets:  # the peers run Piper's onnxruntime graph, in fp32
@@ -496,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", type=_url, help="a server to measure: ws(s):// protocol v1, http(s)://…/v1/audio/speech "
                                  "OpenAI-compatible, tcp://host:port Wyoming, other http(s):// Piper's HTTP server "
                                  "(default: start Voxwire and its peers on 127.0.0.1)")
+    p.add_argument("--voice", help="the voice every utterance asks for, on every protocol but Piper's HTTP server "
+                                   "(default: each server's own; OpenAI-compatible routes are sent alloy); with no "
+                                   "--url, Voxwire's rows and its floor speak it, and its peers their own voice")
     p.add_argument("--format", default="pcm", choices=("pcm", "wav", "mp3"),
                    help="response_format for OpenAI-compatible servers (default: %(default)s)")
     p.add_argument("--engine", default="piper", choices=("piper", "kokoro"),

@@ -46,6 +46,9 @@ class Target:
     url: str
     fmt: str = "pcm"
     """The OpenAI route's ``response_format``: pcm, wav or mp3."""
+    voice: str | None = None
+    """The voice each utterance asks for; None: the server's default (OpenAI's ``alloy``
+    on an OpenAI-compatible route, whose body must name one)."""
 
     @property
     def kind(self) -> str:
@@ -137,14 +140,17 @@ class OpenAISession(_HttpSession):
     byte, the first decodable audio (after a WAV header; for mp3, the first decoded frame)
     and the last byte."""
 
-    def __init__(self, url: str, fmt: str = "pcm", keep_audio: bool = False) -> None:
+    def __init__(self, url: str, fmt: str = "pcm", keep_audio: bool = False, voice: str | None = None) -> None:
         super().__init__(url, keep_audio)
         if fmt not in ("pcm", "wav", "mp3"):
             raise ValueError(f"response format {fmt!r}: pcm, wav or mp3")
         self.fmt = fmt
+        self.voice = voice or "alloy"
 
     async def speak(self, text: str) -> UtteranceResult:
-        body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": self.fmt}
+        # stream: Kokoro-FastAPI's and fastkokoro's flag to stream the body (else they send it
+        # whole, once computed); OpenAI's API, Voxwire's and most others always stream it.
+        body = {"model": "tts-1", "input": text, "voice": self.voice, "response_format": self.fmt, "stream": True}
         decoder = _Mp3Decoder(self.keep_audio) if self.fmt == "mp3" else None
         pcm: list[bytes] = []
         arrivals: list[float] = []
@@ -360,14 +366,14 @@ class Opener:
         return out
 
     def session(self, keep_audio: bool = False) -> Session:
-        kind, url = self.target.kind, self.target.url
+        kind, url, voice = self.target.kind, self.target.url, self.target.voice
         if kind == "v1":
-            return V1Session(url, keep_audio=keep_audio)
+            return V1Session(url, {"voice": voice} if voice else None, keep_audio=keep_audio)
         if kind == "openai":
-            return OpenAISession(url, self.target.fmt, keep_audio)
+            return OpenAISession(url, self.target.fmt, keep_audio, voice)
         if kind == "wyoming":
-            return WyomingSession(url, bool(self._streaming), keep_audio=keep_audio)
-        return PiperHttpSession(url, keep_audio)
+            return WyomingSession(url, bool(self._streaming), voice, keep_audio=keep_audio)
+        return PiperHttpSession(url, keep_audio)  # one voice per server: none to name
 
 
 class _Mp3Decoder:

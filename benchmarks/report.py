@@ -234,7 +234,8 @@ def server_line(r: dict[str, Any]) -> str:
         said += f", as {facts['said_by']} says"
     if unsaid:
         said += f"; {', '.join(unsaid)} not said"
-    return f"Server: {cfg['url']}: {said}"
+    asked = f"; voice {cfg['voice']} asked for" if cfg.get("voice") else ""  # runs before --voice have none
+    return f"Server: {cfg['url']}: {said}{asked}"
 
 
 def engine_line(cfg: dict[str, Any]) -> str:
@@ -242,7 +243,8 @@ def engine_line(cfg: dict[str, Any]) -> str:
     if cfg["engine"] == "piper":
         return (f"Engine: piper ({cfg['piper_backend']} backend); every server started by the bench on 127.0.0.1 "
                 "with the same voice file, Voxwire with its result cache off")
-    return (f"Engine: {cfg['engine']} (`--kokoro-decode {cfg['kokoro_decode']}`), Voxwire's default voice; "
+    voice = f"voice {cfg['voice']}" if cfg["voice"] else "Voxwire's default voice"
+    return (f"Engine: {cfg['engine']} (`--kokoro-decode {cfg['kokoro_decode']}`), {voice}; "
             "started by the bench on 127.0.0.1 with its result cache off. No peer: no Kokoro server here takes a "
             "local model and streams (benchmarks/kokoro.py measures the engine against kokoro-onnx in process)")
 

@@ -126,3 +126,26 @@ def test_a_url_report_names_the_server_with_its_engine_and_precision(tone_server
     assert f"| {VOXWIRE} | v1 | fp32 |" in md
     assert (f"Server: {tone_server.ws}: Voxwire, engine tone, precision fp32, as its ready message says; "
             "device not said") in md
+
+
+@pytest.mark.parametrize("door", ["ws", "openai", "wyoming"])
+def test_the_voice_asked_for_reaches_the_server_on_every_protocol(tone_server, door):
+    """``--voice``: each utterance names it, so a voice the server lacks is every
+    utterance's error, and one it has is spoken (OpenAI's route is sent alloy otherwise)."""
+    from voxwire.benchmarks.protocols import Opener
+
+    url = {"ws": tone_server.ws, "openai": f"{tone_server.http}/v1/audio/speech",
+           "wyoming": wyoming_url(tone_server)}[door]
+
+    async def speak(voice: str | None):
+        opener = Opener(Target("t", url, voice=voice))
+        await opener.prepare()
+        session = opener.session()
+        try:
+            return await session.speak("One voice, asked for by name.")
+        finally:
+            await session.close()
+
+    spoken, refused = asyncio.run(speak("tone")), asyncio.run(speak("nobody"))
+    assert spoken.error is None and spoken.audio_ms > 0
+    assert refused.error is not None and refused.audio_ms == 0, refused
