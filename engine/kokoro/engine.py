@@ -241,10 +241,10 @@ class KokoroEngine(Engine):
     def _autocast(self) -> torch.autocast:
         """What bf16 computes in bf16: the generator's body, nearly all of the work (its
         convolutions 0.65x fp32's time on an AVX512-BF16 CPU). The prosody pass stays fp32,
-        so durations and word timings are fp32's (in bf16 it moved one token's duration in
-        sixty, for 0.6x its 120 ms); so do the frame-rate features (bf16 there cost 3 dB
-        more for 30 ms a sentence), the harmonic source and the generator's head (model.py).
-        The audio is 36 dB from fp32's (tests/engine/kokoro/test_engine.py)."""
+        so durations and word timings are fp32's (in bf16 it moved one duration in sixty,
+        for 0.6x its 120 ms); so do the frame-rate features (bf16 there cost 3 dB for 30 ms
+        a sentence), the harmonic source and the generator's head (model.py). The audio is
+        35-37 dB from fp32's (benchmarks/README.md, "Kokoro in bf16"; tested at 30)."""
         return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _start(self, stream: KokoroStream) -> _Part:
