@@ -18,6 +18,7 @@ from typing import Protocol
 from voxwire.engine.audio_queue import Done, Failed
 from voxwire.engine.errors import ErrorCode
 from voxwire.engine.text import expanded_length
+from voxwire.engine.text.words import join as join_words
 from voxwire.engine.utterance import Utterance
 from voxwire.server.cache import CachedAudio, Replay
 from voxwire.server.framing import AudioFrame, DoneEvent, Event, Figures, FlushedEvent, Framer
@@ -116,9 +117,10 @@ class Speech:
     @property
     def text_sent(self) -> str | None:
         """The words whose audio has been given to the door, as the engine timed them,
-        space-separated; None where the engine times no words."""
+        space-separated but in scripts written without spaces (``words.join``); None
+        where the engine times no words."""
         words = self._framer.words_within(self._framer.samples)
-        return None if words is None else " ".join(words)
+        return None if words is None else join_words(words)
 
     @property
     def text_played(self) -> str | None:
@@ -127,7 +129,7 @@ class Speech:
         if self._played is None:
             return None
         words = self._framer.words_within(self._played)
-        return None if words is None else " ".join(words)
+        return None if words is None else join_words(words)
 
     @property
     def heard_by(self) -> float | None:

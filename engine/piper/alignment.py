@@ -6,7 +6,8 @@ no pad between phonemes; an ``IdLayout`` says which a sentence's durations follo
 
 The words timed are the *written words* of the segment: its whitespace-separated tokens,
 stripped of surrounding punctuation (``"'()[]{},.;:!?``), that hold at least one letter or
-digit. Text normalisation (engine/text) expands nothing, so these are also the words of
+digit; in scripts written without spaces (Chinese, Japanese, Thai...), each character
+(engine/text/words.py). Text normalisation (engine/text) expands nothing, so these are also the words of
 the normalised text; a number or abbreviation is one written word however many words
 espeak-ng speaks for it ("1,000" is "one thousand"). Tokens of punctuation alone ("-",
 "...") are not words. Every written word gets exactly one timing, in text order, with
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from voxwire.engine.base import WordTiming
+from voxwire.engine.text import words
 
 Phonemize = Callable[[str], list[list[str]]]
 IdsPerPhoneme = Callable[[str], int]
@@ -53,12 +55,14 @@ KOKORO = IdLayout(lead=1, pad=0)
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
-    """(token, written word) for each written word of ``text``."""
+    """(token, written word) for each written word of ``text``: a whitespace-separated
+    token, or a character of a script written without spaces (engine/text/words.py)."""
     out = []
     for token in text.split():
-        word = token.strip(_STRIP)
-        if any(ch.isalnum() for ch in word):
-            out.append((token, word))
+        for piece in words.pieces(token):
+            word = piece.strip(_STRIP)
+            if any(ch.isalnum() for ch in word):
+                out.append((piece, word))
     return out
 
 

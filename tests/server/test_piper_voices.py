@@ -262,6 +262,45 @@ async def test_a_hebrew_voice_speaks_each_sentence_as_piper_does_with_its_words_
     assert starts == sorted(starts) and words[-1]["end_ms"] <= 1000 * audio.size / X_LOW_RATE + 1
 
 
+MANDARIN = "你好，世界。我们今天去公园吧！"
+
+
+async def test_a_mandarin_voice_times_each_character_and_a_cancel_says_them_unspaced(tmp_path):
+    """espeak-ng's "cmn", as Piper's zh_CN voices use it: the segmenter ends a sentence at
+    "。", and each character is a written word (docs/protocol.md), timed in order within
+    the audio; punctuation is none."""
+    from tests.fixtures.piper_voices import make_voice
+
+    model = make_voice(tmp_path, "mandarin", "low", espeak_voice="cmn", seed=5)
+    options = EngineOptions(name="piper", piper_voices=(model,), precision="fp32")
+    with run_server(ServerConfig(engine=options, cache_mb=0, step_timeout=300)) as server:
+        async with websockets.connect(server.ws) as ws:
+            await ws.recv()  # ready
+            events, audio = await speak_v1(ws, "zh", MANDARIN, voice="mandarin", sample_rate=X_LOW_RATE,
+                                           timestamps=True)
+            # The words heard at a cancel are written back as the text has them: no spaces.
+            await ws.send(orjson.dumps({"type": "speak", "ctx": "c", "text": MANDARIN * 20, "voice": "mandarin",
+                                        "format": "pcm_s16le", "sample_rate": X_LOW_RATE,
+                                        "timestamps": True}).decode())
+            frames = 0
+            while frames < 3:
+                frames += isinstance(await asyncio.wait_for(ws.recv(), 60), bytes)
+            await ws.send(orjson.dumps({"type": "cancel", "ctx": "c"}).decode())
+            while (m := await asyncio.wait_for(ws.recv(), 60)) and (isinstance(m, bytes)
+                                                                     or orjson.loads(m)["type"] != "cancelled"):
+                pass
+            cancelled = orjson.loads(m)
+    assert cancelled["text_sent"] and " " not in cancelled["text_sent"], cancelled
+    assert "".join(ch for ch in MANDARIN * 20 if ch not in "，。！").startswith(cancelled["text_sent"])
+    assert events[-1]["type"] == "done" and events[-1]["segments"] == 2
+    assert audio.size > 0.5 * X_LOW_RATE
+    words = [w for e in events if e["type"] == "timestamps" for w in e["words"]]
+    assert [w["word"] for w in words] == [ch for ch in MANDARIN if ch not in "，。！"]
+    starts = [w["start_ms"] for w in words]
+    assert starts == sorted(starts) and all(w["end_ms"] > w["start_ms"] for w in words)
+    assert words[-1]["end_ms"] <= 1000 * audio.size / X_LOW_RATE + 1
+
+
 # -- a folder of voices: --piper-voices-dir ------------------------------------------------------
 
 
