@@ -479,9 +479,9 @@ class Generator(nn.Module):
                 x = F.pad(x, (1, 0), mode="reflect")
             x = x + source
             x = sum(self.resblocks[i * kernels + j](x, s) for j in range(kernels)) / kernels
-        # The head computes in float32 whatever the body did (bf16 under autocast): its
-        # output is the log magnitude and phase of every bin, which exp and the inverse
-        # STFT would turn from bf16's 8 significant bits into audible noise.
+        # The head computes in float32 whatever the body did (bf16 under autocast): torch
+        # has no bf16 complex product for the spectrum below, and what this convolution
+        # gives is every bin's log magnitude and phase, which exp magnifies.
         with torch.autocast(x.device.type, enabled=False):
             x = self.conv_post(F.leaky_relu(x.float(), 0.01))
         half = self.cfg.n_fft // 2 + 1
