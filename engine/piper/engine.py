@@ -166,7 +166,8 @@ def phonemizer_missing(phoneme_type: str, folder: Path) -> list[str]:
 
 
 # espeak-ng keeps one global state: a voice loading on its own thread (its calibration
-# sentence) must not phonemize while the worker's thread does.
+# sentence) must not phonemize while the worker's thread does. Every phonemizer takes it:
+# which of them touch espeak-ng is piper-tts's business.
 _ESPEAK = threading.Lock()
 
 
@@ -219,7 +220,9 @@ class _Voice:
         keys = (k for k in self.config.phoneme_id_map if len(k) == 1 and k not in "_^$ ")
         return "".join(sorted(keys))
 
-    def _espeak(self, text: str) -> list[list[str]]:
+    def _phonemized(self, text: str) -> list[list[str]]:
+        """Phonemes by the voice's own phonemizer (espeak-ng, or piper-tts's for its config's
+        phoneme type), a list per sentence it finds."""
         with _ESPEAK:
             return [p for p in self.piper.phonemize(text) if p]
 
@@ -228,14 +231,14 @@ class _Voice:
         spliced in place of its words: a lexicon piece goes on the sentence it is in, and
         the text after it goes on that sentence, unless the piece ended it (``.!?``)."""
         if not lexicon:
-            return self._espeak(text)
+            return self._phonemized(text)
         sentences: list[list[str]] = []
         going_on = False  # whether the last sentence is still open
         for piece in lexicon.pieces(text):
             if isinstance(piece, Phonemes):
                 new = [list(piece)]
             else:
-                new = self._espeak(piece)
+                new = self._phonemized(piece)
             if not new:
                 continue
             if going_on:
@@ -246,7 +249,7 @@ class _Voice:
         return [s for s in sentences if _trimmed(s)]
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
-        return [self.piper.phonemes_to_ids(p) for p in self._espeak(text)]
+        return [self.piper.phonemes_to_ids(p) for p in self._phonemized(text)]
 
     def ids_per_phoneme(self, phoneme: str) -> int:
         return len(self.config.phoneme_id_map.get(phoneme, ()))
@@ -279,7 +282,6 @@ class _Model:
             self.vits = load_vits(voice.files.model, device=device)
             if precision != "fp32":
                 self.vits.reduce_precision(dtype(precision), BF16_PARTS)
-        self.gain = 1.0
         self.gain = self._calibrate()
 
     def _calibrate(self) -> float:
