@@ -306,7 +306,7 @@ def measure_floor(args: argparse.Namespace, plan: Plan, texts: list[str]) -> dic
     # The engine as the server loads it, with the server's settings (_engine_options).
     engine = engine_factory(_engine_settings(args))()
     engine.warmup()
-    voice = args.voice or engine.voices()[0].id  # what the rows speak: --voice, or the server's default
+    voice = args.voice or engine.default_voice()  # what the rows speak: --voice, or the server's default
     warm = [corpus.WARMUP[k % len(corpus.WARMUP)] for k in range(plan.warmup)]
     length_texts = [corpus.first_sentence(w) for w in plan.lengths]
     try:
@@ -365,8 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine.facts(args.device),
         "config": {"scale": args.scale, "url": args.url, "engine": args.engine, "piper_backend": args.piper_backend,
                    "kokoro_decode": args.kokoro_decode, "voice": args.voice, "precision": args.precision,
-                   "device": args.device,
-                   "plan": asdict(plan),
+                   "device": args.device, "plan": asdict(plan),
                    "ttfa_target_ms": TTFA_TARGET_MS,
                    "texts": {"three_sentences": corpus.THREE_SENTENCES, "replies": corpus.REPLIES}},
     }

@@ -14,10 +14,10 @@ engine's own G2P):
   trim=False)`` per segment. It computes a segment whole before its first sample, so its
   first audio is the first segment's compute and its last audio the sum;
 - Voxwire's engine streaming in windows (``kokoro.engine.load(precision=P, windows=True)``,
-  P fp32 unless ``--precision`` names another, torch pinned to 2 threads) in this process, the segments stepped one
-  after another as the server steps them: the first and the last piece, and the RTF; and
-  the same with each segment whole, in one window (the engine's default), what the model
-  costs in torch without the windows' context;
+  P fp32 unless ``--precision`` names another, torch pinned to 2 threads) in this
+  process, the segments stepped one after another as the server steps them: the first and
+  the last piece, and the RTF; and the same with each segment whole, in one window (the
+  engine's default), what the model costs in torch without the windows' context;
 - ``voxwire serve --engine kokoro --kokoro-decode windows`` on 127.0.0.1 (no result cache), through protocol v1
   (``protocols.V1Session``, the client ``voxwire bench`` uses): first and last audio as the
   client sees them, and the server's own ``done`` figures;
