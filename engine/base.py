@@ -37,6 +37,10 @@ class Voice:
     phonemes: str = ""
     """The phoneme symbols a lexicon may give this voice, one a character; "" where it
     takes none (then a lexicon may only respell)."""
+    installed: bool = True
+    """Whether its model is on this machine; False for one the engine downloads on its
+    first request (Piper's ``--download-voices``), whose rate and speakers its catalog
+    gives and whose phonemes are known once it is downloaded."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -48,12 +52,16 @@ class Voice:
             "speakers": list(self.speakers),
             "quality": self.quality,
             "phonemes": self.phonemes,
+            "installed": self.installed,
         }
 
     def check_lexicon(self, lexicon: Lexicon, what: str = "lexicon entry") -> None:
         """Raise ``EngineError`` (``invalid_lexicon``) naming the first entry this voice
         cannot say, as ``what`` calls it: phonemes where it takes none, or a symbol outside
-        its alphabet."""
+        its alphabet. A voice not installed yet has no alphabet to check against: the
+        worker checks the lexicon once the voice is (engine/worker.py)."""
+        if not self.installed:
+            return
         for e in lexicon:
             if e.phonemes is None:
                 continue

@@ -53,6 +53,7 @@ class ErrorCode(StrEnum):
     NOT_READY = "not_ready"
     SHUTTING_DOWN = "shutting_down"
     ENGINE_ERROR = "engine_error"
+    VOICE_DOWNLOAD_FAILED = "voice_download_failed"
     ENGINE_TIMEOUT = "engine_timeout"
     ENGINE_RESTARTED = "engine_restarted"
     BAD_SPEED = "bad_speed"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from voxwire.engine.base import Engine, EngineError
 from voxwire.engine.errors import ErrorCode
+from voxwire.engine.piper.catalog import BASE_URL as VOICES_URL, DEFAULT_DIR as VOICES_DIR
 from voxwire.engine.precision import SETTINGS as PRECISIONS
 
 if TYPE_CHECKING:
@@ -37,13 +38,19 @@ def _piper_preflight(options: EngineOptions) -> str | None:
     return None
 
 
+def _piper_folder(options: EngineOptions) -> Path | None:
+    """The folder of voices: --piper-voices-dir, or where --download-voices puts them."""
+    return options.piper_voices_dir or (VOICES_DIR if options.download_voices else None)
+
+
 def _piper_voices(options: EngineOptions) -> list[VoiceFiles]:
     """The voice files named (--piper-voice), then those of the folder (--piper-voices-dir)."""
     from voxwire.engine.piper.engine import voice_files_from_path, voices_in
 
     files = [voice_files_from_path(p) for p in options.piper_voices]
-    if options.piper_voices_dir is not None:
-        files += voices_in(options.piper_voices_dir)
+    folder = _piper_folder(options)
+    if folder is not None:
+        files += voices_in(folder, may_be_empty=options.download_voices)
     ids = [f.id for f in files]
     if twice := sorted({i for i in ids if ids.count(i) > 1}):
         raise EngineError(ErrorCode.BAD_CONFIG, f"two Piper voices are named {', '.join(map(repr, twice))}: a voice's "
@@ -52,12 +59,15 @@ def _piper_voices(options: EngineOptions) -> list[VoiceFiles]:
 
 
 def _piper_load(options: EngineOptions) -> Engine:
+    from voxwire.engine.piper.catalog import Downloads
     from voxwire.engine.piper.engine import PiperEngine
 
     voices = _piper_voices(options) or None
+    folder = _piper_folder(options)
+    downloads = Downloads(options.piper_voices_url, folder) if options.download_voices and folder is not None else None
     return PiperEngine(
         voices=voices, backend=options.piper_backend, device=options.device, threads=options.threads,  # type: ignore[arg-type]
-        precision=options.precision, max_loaded_voices=options.piper_loaded_voices,
+        precision=options.precision, max_loaded_voices=options.piper_loaded_voices, downloads=downloads,
     )
 
 
@@ -140,6 +150,18 @@ class EngineOptions:
                   "in fp32); the first this many are loaded at start, the others when first asked for (first audio "
                   "then waits for the load, other listeners do not), and the least recently used is unloaded to "
                   "make room", "range": (1, 4096)},
+    )
+    download_voices: bool = field(
+        default=False,
+        metadata={"help": "Piper: list every voice of Piper's public catalog (--piper-voices-url), and download one "
+                  "into --piper-voices-dir (default pretrained_models/piper-voices) on its first request, checked "
+                  "against the catalog's size and MD5, as wyoming-piper does; that request's first audio waits for "
+                  "the download, other listeners do not"},
+    )
+    piper_voices_url: str = field(
+        default=VOICES_URL,
+        metadata={"help": "Piper: the voice catalog --download-voices reads, in the Piper voices repository's layout "
+                  "(voices.json at its base); `voxwire voices` reads the same variable", "env": "VOXWIRE_VOICES_URL"},
     )
     model_dir: Path = field(
         default=Path("pretrained_models/CosyVoice2-0.5B"), metadata={"help": "CosyVoice2 model directory"}

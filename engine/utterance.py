@@ -75,6 +75,9 @@ class Utterance:
         self.produced_samples = 0
         self.steps = 0
         self.segments = 0
+        self.lexicon_unchecked = False
+        """Whether its lexicon waits to be checked against its voice, which was not
+        installed when it was admitted (engine/worker.py checks it at its first segment)."""
         self.compute_seconds = 0.0
         """Its share of the steps it took part in (a step's time over its batch size)."""
         self.state = State.OPEN

@@ -205,7 +205,8 @@ class Worker:
     ) -> Utterance:
         """``first_clause_words``: this utterance's own choice (SegmenterLimits), else the worker's."""
         engine = self.loaded_engine()
-        rate = engine.voice_rate(params.voice)
+        voice = engine.voice(params.voice)
+        rate = voice.sample_rate if voice is not None else engine.sample_rate
         queue = AudioQueue(
             loop, int(self.options.max_queue_seconds * rate), on_drain=self._wake, producer=self._lock,
         )
@@ -213,6 +214,7 @@ class Worker:
         if first_clause_words is not None:
             limits = replace(limits, first_clause_words=first_clause_words)
         u = Utterance(self._lock, rate, params, queue, limits)
+        u.lexicon_unchecked = bool(params.lexicon) and voice is not None and not voice.installed
         with self._lock:
             if self._stopping:
                 raise EngineError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
@@ -387,8 +389,13 @@ class Worker:
         try:
             text, inline = u.written(segment)
             params = u.params if u.speed is None else replace(u.params, speed=u.speed)
+            voice = engine.voice(params.voice) if inline or u.lexicon_unchecked else None
+            if u.lexicon_unchecked and voice is not None and voice.installed and params.lexicon:
+                # Its voice was downloaded for it: the lexicon is checked now that the
+                # voice's phonemes are known.
+                voice.check_lexicon(params.lexicon)
+                u.lexicon_unchecked = False
             if inline:  # its own inline phonemes, over the lexicon the request has
-                voice = engine.voice(params.voice)
                 if voice is not None:
                     voice.check_lexicon(inline, what="inline phonemes for")
                 params = replace(params, lexicon=(params.lexicon or Lexicon()) | inline)

@@ -20,8 +20,9 @@ class ServerLexicons:
         self.by_voice = by_voice or {}
         # Each voice's merged entries, or why it cannot say them: merging and checking
         # 10,000 entries takes milliseconds, once a voice. Bounded, since a Kokoro blend is
-        # a voice a request names.
-        self._merged: OrderedDict[str, Lexicon | EngineError] = OrderedDict()
+        # a voice a request names. Keyed also by whether the voice was installed: one
+        # downloaded since is checked against its phonemes.
+        self._merged: OrderedDict[tuple[str, bool], Lexicon | EngineError] = OrderedDict()
 
     @classmethod
     def load(cls, flags: Sequence[str], engine: Engine) -> ServerLexicons:
@@ -67,14 +68,15 @@ class ServerLexicons:
     def for_voice(self, voice: Voice) -> Lexicon:
         """The server's entries for ``voice``, checked against it (``EngineError``
         ``invalid_lexicon`` where it cannot say one: a voice registered since the start)."""
-        merged = self._merged.get(voice.id)
+        key = (voice.id, voice.installed)
+        merged = self._merged.get(key)
         if merged is None:
             merged = self._check(voice)
-            self._merged[voice.id] = merged
+            self._merged[key] = merged
             if len(self._merged) > _REMEMBERED:
                 self._merged.popitem(last=False)
         else:
-            self._merged.move_to_end(voice.id)
+            self._merged.move_to_end(key)
         if isinstance(merged, EngineError):
             raise merged
         return merged

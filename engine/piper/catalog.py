@@ -1,4 +1,5 @@
-"""``voxwire voices list | download``: Piper's public voice catalog, and voices fetched from it.
+"""Piper's public voice catalog, and voices fetched from it: by ``voxwire voices list |
+download``, or by a server on a voice's first request (``--download-voices``: ``Downloads``).
 
 The catalog is the layout of the Piper voices repository (rhasspy/piper-voices):
 ``voices.json`` at its base maps each voice's key (``en_US-lessac-medium``) to its
@@ -15,9 +16,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import sys
 import tempfile
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,10 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 BASE_URL = "https://huggingface.co/rhasspy/piper-voices/resolve/main/"
 DEFAULT_DIR = Path("pretrained_models/piper-voices")
 TIMEOUT_SECONDS = 60
 BLOCK = 1 << 20
+# The rate each quality is trained at (Piper's training recipe): the catalog names a
+# voice's quality, not its rate, and a server lists a voice before its config is here.
+QUALITY_RATES = {"x_low": 16000, "low": 16000, "medium": 22050, "high": 22050}
+CATALOG_COPY = "voices.json"
+"""The last catalog a server read, kept in its voices folder for when the catalog cannot be reached."""
 
 
 class CatalogError(Exception):
@@ -52,6 +62,24 @@ class CatalogVoice:
     speakers: int
     model: RemoteFile | None
     config: RemoteFile | None
+    speaker_names: tuple[str, ...] = ()
+    """A multi-speaker voice's speakers, each at its id (``speaker_names``)."""
+
+    @property
+    def sample_rate(self) -> int | None:
+        """Its rate, as its quality implies (None: a quality Piper does not name)."""
+        return QUALITY_RATES.get(self.quality)
+
+
+def speaker_names(speakers: int, id_map: Mapping[str, Any]) -> tuple[str, ...]:
+    """A voice's speakers named at their ids from its ``speaker_id_map``, an id the map
+    leaves out by its number; empty for a voice with one speaker."""
+    n = speakers if speakers > 1 else 0
+    names = [str(i) for i in range(n)]
+    for name, i in id_map.items():
+        if isinstance(i, int) and 0 <= i < n:
+            names[i] = name
+    return tuple(names)
 
 
 def _url(base: str, path: str) -> str:
@@ -78,14 +106,23 @@ def _file(files: Mapping[str, Any], suffix: str) -> RemoteFile | None:
 
 def read_catalog(base: str = BASE_URL) -> dict[str, CatalogVoice]:
     """The voices of the catalog at ``base``, by key. Raises ``CatalogError``."""
-    url = _url(base, "voices.json")
-    with _open(url) as response:
-        try:
-            table = json.loads(response.read())
-        except ValueError:
-            raise CatalogError(f"{url}: not JSON") from None
+    return parse_catalog(_catalog_bytes(base), _url(base, "voices.json"))
+
+
+def _catalog_bytes(base: str) -> bytes:
+    with _open(_url(base, "voices.json")) as response:
+        data: bytes = response.read()
+    return data
+
+
+def parse_catalog(data: bytes, where: str) -> dict[str, CatalogVoice]:
+    """The voices of a ``voices.json`` read from ``where``, by key. Raises ``CatalogError``."""
+    try:
+        table = json.loads(data)
+    except ValueError:
+        raise CatalogError(f"{where}: not JSON") from None
     if not isinstance(table, dict):
-        raise CatalogError(f"{url}: not a catalog of voices")
+        raise CatalogError(f"{where}: not a catalog of voices")
     out = {}
     for key, entry in table.items():
         if not isinstance(entry, dict):
@@ -94,13 +131,17 @@ def read_catalog(base: str = BASE_URL) -> dict[str, CatalogVoice]:
         if not isinstance(files, dict):
             files = {}
         language = entry.get("language", {})
+        speakers = entry.get("num_speakers", 1)
+        speakers = speakers if isinstance(speakers, int) and speakers > 1 else 1
+        id_map = entry.get("speaker_id_map")
         out[key] = CatalogVoice(
             key=key,
             language=language.get("code", "") if isinstance(language, dict) else "",
             quality=str(entry.get("quality", "")),
-            speakers=int(entry.get("num_speakers", 1) or 1),
+            speakers=speakers,
             model=_file(files, ".onnx"),
             config=_file(files, ".onnx.json"),
+            speaker_names=speaker_names(speakers, id_map if isinstance(id_map, dict) else {}),
         )
     return out
 
@@ -156,6 +197,53 @@ def download(key: str, folder: Path, base: str = BASE_URL, catalog: Mapping[str,
     os.replace(fetched[0], config)
     os.replace(fetched[1], model)
     return model
+
+
+class Downloads:
+    """A server's voices fetched on their first request (``--download-voices``), as
+    wyoming-piper fetches them: from the catalog at ``base`` into ``folder``."""
+
+    def __init__(self, base: str, folder: Path) -> None:
+        self.base = base
+        self.folder = folder
+        self._one_at_a_time = threading.Lock()
+
+    def catalog(self) -> dict[str, CatalogVoice]:
+        """The catalog, read now and kept in the folder (``CATALOG_COPY``); where it cannot
+        be reached, the copy an earlier start kept, else none: a server that starts
+        without a network serves the voices it has, and says so."""
+        copy = self.folder / CATALOG_COPY
+        try:
+            data = _catalog_bytes(self.base)
+            voices = parse_catalog(data, _url(self.base, "voices.json"))
+        except CatalogError as e:
+            try:
+                voices = parse_catalog(copy.read_bytes(), str(copy))
+            except (OSError, CatalogError):
+                log.warning("--download-voices: the voice catalog cannot be read (%s), and no copy of it is kept in "
+                            "%s: only the voices already there are served", e, self.folder)
+                return {}
+            log.warning("--download-voices: the voice catalog cannot be read (%s); the copy kept in %s is used",
+                        e, copy)
+            return voices
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=self.folder, prefix=".catalog-", suffix=".part")
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.replace(name, copy)
+            except BaseException:
+                Path(name).unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            log.warning("--download-voices: the catalog's copy could not be kept in %s (%s)", self.folder, e)
+        return voices
+
+    def fetch(self, voice: CatalogVoice) -> Path:
+        """Download ``voice`` into the folder; its model's path. Raises ``CatalogError``."""
+        with self._one_at_a_time:
+            return download(voice.key, self.folder, self.base, {voice.key: voice})
 
 
 def main(argv: list[str]) -> int:

@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 from voxwire.engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from voxwire.engine.errors import ErrorCode
 from voxwire.engine.piper.alignment import Aligner, word_phonemes
+from voxwire.engine.piper.catalog import CatalogError, CatalogVoice, Downloads, speaker_names
 from voxwire.engine.piper.chunked import (
     FIRST_PIECE_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,
 )
@@ -115,10 +117,13 @@ def voice_files_from_path(path: Path) -> VoiceFiles:
     return VoiceFiles(id=voice_id, model=path, config=config, name=voice_id)
 
 
-def voices_in(folder: Path) -> list[VoiceFiles]:
+def voices_in(folder: Path, may_be_empty: bool = False) -> list[VoiceFiles]:
     """Every voice of a folder (not its subfolders), in the order of their names: each
     ``MODEL.onnx`` with its ``MODEL.onnx.json`` beside it. A model without its config
-    is left out, with a warning naming it (piper-tts could not read it either)."""
+    is left out, with a warning naming it (piper-tts could not read it either).
+    ``may_be_empty``: a folder voices are downloaded into, which may not exist yet."""
+    if may_be_empty and not folder.exists():
+        return []
     if not folder.is_dir():
         raise EngineError(ErrorCode.MODEL_MISSING, f"Piper voices folder not found: {folder}")
     out = []
@@ -127,7 +132,7 @@ def voices_in(folder: Path) -> list[VoiceFiles]:
             log.warning("Piper voice %s has no %s.json beside it; it is not loaded", model, model.name)
             continue
         out.append(voice_files_from_path(model))
-    if not out:
+    if not out and not may_be_empty:
         raise EngineError(ErrorCode.MODEL_MISSING, f"no Piper voice (MODEL.onnx with MODEL.onnx.json) in {folder}")
     return out
 
@@ -144,7 +149,7 @@ def _trimmed(phonemes: list[str]) -> list[str]:
 
 # What piper-tts's phonemizers other than espeak-ng's need beyond the wheel: the modules
 # each imports (PyPI packages of the same names), and for Chinese the g2pW model, which
-# piper-tts would download on first use. Voxwire downloads nothing at run time: the model
+# piper-tts would download on first use. Voxwire never downloads it: the model
 # is looked for in the voice's folder (``g2pW/g2pw.onnx``) and a voice without it refused.
 _PHONEMIZER_MODULES = {
     "pinyin": ("unicode_rbnf", "sentence_stream"),
@@ -185,14 +190,8 @@ class _Voice:
         quality = raw.get("audio", {}).get("quality") if isinstance(raw.get("audio"), dict) else None
         self.quality = quality if isinstance(quality, str) else ""
         self.files = files
-        # Speaker names at their ids; an id the map leaves out is named by its number.
-        n = self.config.num_speakers if self.config.num_speakers > 1 else 0
-        names = [str(i) for i in range(n)]
-        for name, i in self.config.speaker_id_map.items():
-            if 0 <= i < n:
-                names[i] = name
-        self.speakers = tuple(names)
-        self.default_speaker = self.config.default_speaker_id if n else None
+        self.speakers = speaker_names(self.config.num_speakers, self.config.speaker_id_map)
+        self.default_speaker = self.config.default_speaker_id if self.speakers else None
         kind = self.config.phoneme_type.value
         if missing := phonemizer_missing(kind, files.model.parent):
             raise EngineError(ErrorCode.MODEL_MISSING, f"the Piper voice {files.id!r} is phonemized by piper-tts's "
@@ -357,12 +356,15 @@ class PiperEngine(Engine):
         threads: int | None = None,
         precision: str = "auto",
         max_loaded_voices: int = DEFAULT_LOADED_VOICES,
+        downloads: Downloads | None = None,
     ) -> None:
         """``threads``: CPU threads for the model's math (engine/threads.py; default: the
         physical cores, at most 4). ``precision``: "auto", "fp32" or "bf16"
         (engine/precision.py); onnxruntime's graph is fp32 only. ``max_loaded_voices``:
         the first that many voices are loaded now, the others when first asked for, and
-        no more than that many stay loaded (the least recently used goes first)."""
+        no more than that many stay loaded (the least recently used goes first).
+        ``downloads``: where the catalog's other voices come from on their first request
+        (listed meanwhile as not installed); None: only the voices given are spoken."""
         if backend not in BACKENDS:
             raise EngineError(ErrorCode.BAD_CONFIG, f"unknown Piper backend {backend!r}; use one of {BACKENDS}")
         try:
@@ -388,6 +390,16 @@ class PiperEngine(Engine):
             self.step_budget = GPU_STEP_FRAMES if gpu else CPU_STEP_FRAMES
             self.width_costs_time = not gpu
         self._voices = {f.id: _Voice(f) for f in files}
+        # The voices and the catalog's are replaced whole, never changed in place, when a
+        # download adds one (on the loader's thread): a reader on another thread iterates
+        # the dict it got, as it was.
+        self._downloads = downloads
+        self._catalog: dict[str, CatalogVoice] = {}
+        if downloads is not None:
+            self._catalog = {key: v for key, v in downloads.catalog().items()
+                             if key not in self._voices and v.model and v.config and v.sample_rate}
+        self._described = self._describe_all()
+        self._installing = threading.Lock()
         # Voices may differ in rate (16 kHz x_low and low, 22.05 kHz medium and high): each
         # utterance comes at its voice's (``voice_rate``), and a step batches a voice's
         # streams apart from another's. The engine's own rate is its default voice's.
@@ -406,16 +418,33 @@ class PiperEngine(Engine):
     def _load(self, voice: _Voice) -> _Model:
         return _Model(voice, self.backend, self.device, self._threads, self.precision)
 
+    def _describe_all(self) -> dict[str, Voice]:
+        described = {key: v.describe() for key, v in self._voices.items()}
+        for key, remote in self._catalog.items():
+            assert remote.sample_rate is not None
+            described[key] = Voice(id=key, name=key, language=remote.language, sample_rate=remote.sample_rate,
+                                   description=f"Piper voice {key}, downloaded on its first request",
+                                   speakers=remote.speaker_names, quality=remote.quality, installed=False)
+        return described
+
     def voices(self) -> list[Voice]:
-        return [v.describe() for v in self._voices.values()]
+        return list(self._described.values())
+
+    def voice(self, voice_id: str) -> Voice | None:
+        return self._described.get(voice_id)
 
     def voice_loaded(self, voice_id: str) -> bool:
         self._adopt()
-        return voice_id in self._loaded or voice_id not in self._voices
+        return voice_id in self._loaded or (voice_id not in self._voices and voice_id not in self._catalog)
 
     def load_voice(self, voice_id: str) -> None:
         voice = self._voices.get(voice_id)
-        if voice is None or voice_id in self._loaded:
+        if voice is None:
+            remote = self._catalog.get(voice_id)
+            if remote is None:
+                return
+            voice = self._install(remote)
+        if voice_id in self._loaded:
             return
         try:
             model = self._load(voice)
@@ -425,6 +454,40 @@ class PiperEngine(Engine):
                               f"the voice {voice_id!r} could not be loaded; the server's log says why") from e
         with self._arrival:
             self._arrived[voice_id] = model
+
+    def _install(self, remote: CatalogVoice) -> _Voice:
+        """Download a voice of the catalog and make it one of the engine's (on the loader's
+        thread). Raises ``EngineError``, leaving the voice as it was."""
+        assert self._downloads is not None
+        key, started = remote.key, time.monotonic()
+        try:
+            model = self._downloads.fetch(remote)
+        except CatalogError as e:
+            log.warning("Piper voice %s could not be downloaded: %s", key, e)
+            raise EngineError(ErrorCode.VOICE_DOWNLOAD_FAILED,
+                              f"the voice {key!r} could not be downloaded ({e}); ask again to retry") from None
+        try:
+            voice = _Voice(voice_files_from_path(model))
+        except Exception as e:
+            # Whole, but not one this server can speak (its phonemizer is not installed):
+            # kept, it would stop the next start, which reads every voice of the folder.
+            model.unlink(missing_ok=True)
+            model.with_name(model.name + ".json").unlink(missing_ok=True)
+            log.warning("Piper voice %s was downloaded and removed again: %s", key, e)
+            if isinstance(e, EngineError):
+                raise
+            raise EngineError(ErrorCode.MODEL_INVALID, f"the voice {key!r} was downloaded, and cannot be read: {e}") from e
+        log.info("Piper voice %s downloaded into %s in %.1f s", key, model.parent, time.monotonic() - started)
+        with self._installing:
+            self._voices = {**self._voices, key: voice}
+            self._catalog = {k: v for k, v in self._catalog.items() if k != key}
+            self._described = self._describe_all()
+        if voice.config.sample_rate != remote.sample_rate:
+            # Utterances waiting for it were told the rate its quality implies.
+            raise EngineError(ErrorCode.ENGINE_ERROR,
+                              f"the voice {key!r} is downloaded: its config gives {voice.config.sample_rate} Hz where "
+                              f"its quality ({remote.quality}) implied {remote.sample_rate} Hz; ask again")
+        return voice
 
     def _adopt(self) -> None:
         """Take in the models other threads have loaded, then keep within the bound."""

@@ -77,6 +77,7 @@ _STATUS = {
     "idle_timeout": 408, "listener_stalled": 408,
     "engine_error": 500, "engine_timeout": 504,
     "engine_restarted": 503, "not_ready": 503, "shutting_down": 503,
+    "voice_download_failed": 503,  # the next request downloads again
 }
 
 

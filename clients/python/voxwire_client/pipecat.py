@@ -87,7 +87,8 @@ _CATEGORIES = {
         "invalid_field invalid_format invalid_sample_rate unsupported_sample_rate invalid_chunk_ms invalid_speed",
         ErrorCategory.RATE_LIMIT: "rate_limited overloaded too_many_utterances",
         ErrorCategory.QUOTA: "session_text_limit",
-        ErrorCategory.SERVER: "engine_error engine_timeout engine_restarted not_ready shutting_down",
+        ErrorCategory.SERVER: "engine_error engine_timeout engine_restarted not_ready shutting_down "
+        "voice_download_failed",
     }.items()
     for code in codes.split()
 }

@@ -5,73 +5,45 @@ catalog without the config, a 404 and an unknown name. Nothing half-written is l
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import http.server
-import json
-import shutil
+import logging
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from voxwire.engine.piper.catalog import CatalogError, download, read_catalog
+from tests.fixtures.voice_catalog import add_voice, serve, write_catalog
+from voxwire.engine.piper.catalog import CatalogError, Downloads, download, read_catalog
 from voxwire.engine.piper.engine import voices_in
 
 FOLDER = "en/en_US/test/x_low"
 KEY = "en_US-test-x_low"
 
 
-def _entry(root: Path, files: dict[str, Path], quality: str = "x_low", speakers: int = 1) -> dict:
-    out = {}
-    for name, source in files.items():
-        path = f"{FOLDER}/{name}"
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(source, root / path)
-        data = source.read_bytes()
-        out[path] = {"size_bytes": len(data), "md5_digest": hashlib.md5(data).hexdigest()}
-    return {"key": "", "language": {"code": "en_US", "family": "en"}, "quality": quality,
-            "num_speakers": speakers, "speaker_id_map": {}, "files": out}
-
-
 @pytest.fixture(scope="module")
 def repository(reference_voices, tmp_path_factory) -> Path:
     """The layout, with one good voice and one voice for each way a download goes wrong."""
     root = tmp_path_factory.mktemp("piper-voices-repo")
-    model, config = reference_voices["x_low"], Path(f"{reference_voices['x_low']}.json")
-    catalog = {KEY: _entry(root, {f"{KEY}.onnx": model, f"{KEY}.onnx.json": config})}
-    for bad in ("truncated", "digest", "noconfig", "gone"):
-        key = f"en_US-{bad}-x_low"
-        catalog[key] = _entry(root, {f"{key}.onnx": model, f"{key}.onnx.json": config})
-    served = root / f"{FOLDER}/en_US-truncated-x_low.onnx"
+    catalog: dict = {}
+    model = reference_voices["x_low"]
+    folders = {bad: add_voice(root, catalog, f"en_US-{bad}-x_low", model)
+               for bad in ("test", "truncated", "digest", "noconfig", "gone")}
+    served = root / folders["truncated"] / "en_US-truncated-x_low.onnx"
     served.write_bytes(served.read_bytes()[:1000])  # the server's copy cut short
-    catalog["en_US-digest-x_low"]["files"][f"{FOLDER}/en_US-digest-x_low.onnx"]["md5_digest"] = "0" * 32
-    del catalog["en_US-noconfig-x_low"]["files"][f"{FOLDER}/en_US-noconfig-x_low.onnx.json"]
-    (root / f"{FOLDER}/en_US-gone-x_low.onnx").unlink()  # listed, but a 404
-    catalog["de_DE-other-medium"] = dict(_entry(root, {}), language={"code": "de_DE"}, quality="medium", num_speakers=3)
-    (root / "voices.json").write_text(json.dumps(catalog), encoding="utf-8")
+    catalog["en_US-digest-x_low"]["files"][f"{folders['digest']}/en_US-digest-x_low.onnx"]["md5_digest"] = "0" * 32
+    del catalog["en_US-noconfig-x_low"]["files"][f"{folders['noconfig']}/en_US-noconfig-x_low.onnx.json"]
+    (root / folders["gone"] / "en_US-gone-x_low.onnx").unlink()  # listed, but a 404
+    catalog["de_DE-other-medium"] = {"language": {"code": "de_DE"}, "quality": "medium", "num_speakers": 3,
+                                     "speaker_id_map": {"anna": 0, "ben": 2}, "files": {}}
+    write_catalog(root, catalog)
     return root
 
 
 @pytest.fixture(scope="module")
 def base(repository) -> Iterator[str]:
-    handler = functools.partial(_Quiet, directory=str(repository))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    with serve(repository) as catalog:
+        yield catalog.base
 
 
 def test_the_catalog_lists_each_voice_with_its_files(base):
@@ -80,7 +52,9 @@ def test_the_catalog_lists_each_voice_with_its_files(base):
     assert (voice.language, voice.quality, voice.speakers) == ("en_US", "x_low", 1)
     assert voice.model is not None and voice.model.path == f"{FOLDER}/{KEY}.onnx"
     assert catalog["en_US-noconfig-x_low"].config is None
-    assert catalog["de_DE-other-medium"].speakers == 3
+    other = catalog["de_DE-other-medium"]
+    assert (other.speakers, other.speaker_names, other.sample_rate) == (3, ("anna", "1", "ben"), 22050)
+    assert voice.sample_rate == 16000 and voice.speaker_names == ()
 
 
 def test_a_downloaded_voice_is_the_repositorys_and_a_voices_folder_reads_it(base, repository, tmp_path):
@@ -125,3 +99,17 @@ def test_the_command_lists_and_downloads_and_fails_in_one_line(base, tmp_path):
     failed = _voices("--base-url", base, "download", "en_US-gone-x_low", "--dir", str(tmp_path))
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
     assert len(failed.stderr.strip().splitlines()) == 1 and "HTTP 404" in failed.stderr
+
+
+def test_a_server_keeps_a_copy_of_the_catalog_for_when_it_cannot_be_reached(base, tmp_path, caplog):
+    folder = tmp_path / "voices"
+    read = Downloads(base, folder).catalog()
+    assert KEY in read and (folder / "voices.json").is_file()
+    assert [p.name for p in folder.iterdir()] == ["voices.json"]  # nothing half-written beside it
+    unreachable = "http://127.0.0.1:9/"  # the discard port: refused
+    with caplog.at_level(logging.WARNING):
+        assert Downloads(unreachable, folder).catalog() == read
+        assert "the copy kept in" in caplog.text
+        caplog.clear()
+        assert Downloads(unreachable, tmp_path / "elsewhere").catalog() == {}
+        assert "only the voices already there are served" in caplog.text
