@@ -134,6 +134,18 @@ def voice_loading(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def voice_downloads(r: dict[str, Any]) -> list[str]:
+    """benchmarks/voice_downloads.py: first audio of a voice's first request, and after."""
+    lines = [
+        f"| first audio ({r['args']['voices']} voices of {r['model_mib']:.0f} MiB, from a mirror on loopback) "
+        "| median | max |",
+        "|---|---|---|",
+    ]
+    for case, row in r["first_audio"].items():
+        lines.append(f"| {case} | {row['median']:.1f} ms | {row['max']:.1f} ms |")
+    return lines
+
+
 def ray_proxy(r: dict[str, Any]) -> list[str]:
     """One run of benchmarks/studies/ray_proxy.py: TTFA, stalled readers, sockets held."""
     t = r["ttfa_ms"]
@@ -382,6 +394,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "rates": rates,
     "lexicon": lexicon,
     "voice_loading": voice_loading,
+    "voice_downloads": voice_downloads,
     "ray_proxy": ray_proxy,
     "formats": formats,
     "wyoming": wyoming,

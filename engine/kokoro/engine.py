@@ -37,7 +37,7 @@ from voxwire.engine.errors import ErrorCode
 from voxwire.engine.kokoro.g2p import Phonemizer, alphabet, split
 from voxwire.engine.kokoro.model import SAMPLE_RATE, Kokoro, KokoroConfig, Prosody
 from voxwire.engine.kokoro.voices import VoicePack, blend, packaged_voices, voices_in
-from voxwire.engine.piper.alignment import Aligner
+from voxwire.engine.alignment import Aligner
 from voxwire.engine.pieces import batch_parts, piece_spans
 from voxwire.engine.precision import Precision, resolve
 from voxwire.engine.threads import configure_cpu_threads

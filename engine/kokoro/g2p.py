@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 from voxwire.engine.base import EngineError
 from voxwire.engine.errors import ErrorCode
-from voxwire.engine.piper.alignment import KOKORO, Aligner, word_phonemes
+from voxwire.engine.alignment import KOKORO, Aligner, word_phonemes
 from voxwire.engine.text.lexicon import Lexicon, Phonemes
 
 MAX_TOKENS = 510

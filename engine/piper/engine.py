@@ -27,7 +27,7 @@ import torch
 
 from voxwire.engine.base import Engine, EngineError, GeneratorStream, Step, Stream, SynthesisParams, Voice, WordTimings
 from voxwire.engine.errors import ErrorCode
-from voxwire.engine.piper.alignment import Aligner, word_phonemes
+from voxwire.engine.alignment import Aligner, word_phonemes
 from voxwire.engine.piper.catalog import CatalogError, CatalogVoice, Downloads, speaker_names
 from voxwire.engine.piper.chunked import (
     FIRST_PIECE_FRAMES, FIRST_WINDOW_FRAMES, SHAPE_BUCKET, SentenceDecoder, batch_parts, stream_chunks,

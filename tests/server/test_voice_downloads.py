@@ -1,5 +1,5 @@
 """``--download-voices``: a real server lists every voice of a local copy of Piper's
-catalog (tests/fixtures/voice_catalog.py) and downloads one on its first request, as
+catalog (benchmarks/catalog_mirror.py) and downloads one on its first request, as
 wyoming-piper does. Each downloaded voice then speaks as piper-tts itself does, on every
 door; a slow download holds only its own utterances; a 404, a truncated file and a voice
 whose config belies its quality fail with a code and leave nothing behind; a lexicon is
@@ -21,7 +21,7 @@ from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeVoice
 
 from tests.conftest import RunningServer, run_server
-from tests.fixtures.voice_catalog import CatalogServer, add_voice, serve, write_catalog
+from voxwire.benchmarks.catalog_mirror import CatalogServer, add_voice, serve, write_catalog
 from tests.server.doors.test_wyoming import hear, port, read
 from tests.server.test_piper_voices import (  # noqa: F401 (fixtures)
     RATE, SPEAKERS, TEXT, X_LOW_RATE, piper_says, quiet_voices, whose, x_low_says,

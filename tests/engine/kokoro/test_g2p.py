@@ -1,5 +1,5 @@
 """Kokoro's phonemes, token ids, segments and word timings (engine/kokoro/g2p.py), and
-the aligner's id layouts (engine/piper/alignment.py) that Piper and Kokoro share."""
+the aligner's id layouts (engine/alignment.py) that Piper and Kokoro share."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from voxwire.engine.base import EngineError
 from voxwire.engine.errors import ErrorCode
 from voxwire.engine.kokoro.g2p import HOP, MAX_TOKENS, Phonemizer, alphabet, split, vocab
-from voxwire.engine.piper.alignment import KOKORO, PIPER, Aligner, written_words
+from voxwire.engine.alignment import KOKORO, PIPER, Aligner, written_words
 from voxwire.engine.text.lexicon import Lexicon, entry
 
 TEXT = ("The quick brown fox jumps over the lazy dog, for the third time. Water birds flew over the world! "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.voice_catalog import add_voice, serve, write_catalog
+from voxwire.benchmarks.catalog_mirror import add_voice, serve, write_catalog
 from voxwire.engine.piper.catalog import CatalogError, Downloads, download, read_catalog
 from voxwire.engine.piper.engine import voices_in
 
