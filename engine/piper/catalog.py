@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import json
 import logging
 import os
@@ -110,8 +111,12 @@ def read_catalog(base: str = BASE_URL) -> dict[str, CatalogVoice]:
 
 
 def _catalog_bytes(base: str) -> bytes:
-    with _open(_url(base, "voices.json")) as response:
-        data: bytes = response.read()
+    url = _url(base, "voices.json")
+    with _open(url) as response:
+        try:
+            data: bytes = response.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise CatalogError(f"{url}: {e or type(e).__name__}") from None
     return data
 
 
@@ -149,7 +154,10 @@ def parse_catalog(data: bytes, where: str) -> dict[str, CatalogVoice]:
 def _fetch(url: str, expected: RemoteFile, folder: Path) -> Path:
     """The file at ``url``, written to a temporary file in ``folder`` and checked against
     the catalog's size and digest; removed again if it does not match."""
-    fd, name = tempfile.mkstemp(dir=folder, prefix=".download-", suffix=".part")
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".download-", suffix=".part")
+    except OSError as e:
+        raise CatalogError(f"cannot write into {folder}: {e.strerror or e}") from None
     part = Path(name)
     try:
         digest, size = hashlib.md5(usedforsecurity=False), 0
@@ -166,6 +174,9 @@ def _fetch(url: str, expected: RemoteFile, folder: Path) -> Path:
         if digest.hexdigest() != expected.md5:
             raise CatalogError(f"{url}: its MD5 is {digest.hexdigest()}, the catalog's {expected.md5}")
         return part
+    except (OSError, http.client.HTTPException) as e:  # a connection reset or timed out mid-file, a disk full
+        part.unlink(missing_ok=True)
+        raise CatalogError(f"{url}: {e or type(e).__name__}") from None
     except BaseException:
         part.unlink(missing_ok=True)
         raise
@@ -183,19 +194,23 @@ def download(key: str, folder: Path, base: str = BASE_URL, catalog: Mapping[str,
     if voice.model is None or voice.config is None:
         missing = "model (.onnx)" if voice.model is None else "config (.onnx.json)"
         raise CatalogError(f"the catalog lists no {missing} for {key!r}, with its size and MD5")
-    folder.mkdir(parents=True, exist_ok=True)
     model = folder / f"{key}.onnx"
     config = folder / f"{key}.onnx.json"
-    fetched = []
+    fetched: list[Path] = []
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         for remote in (voice.config, voice.model):
             fetched.append(_fetch(_url(base, remote.path), remote, folder))
+        os.replace(fetched[0], config)
+        os.replace(fetched[1], model)
+    except OSError as e:  # the folder cannot be made or written
+        for part in fetched:
+            part.unlink(missing_ok=True)
+        raise CatalogError(f"cannot write into {folder}: {e.strerror or e}") from None
     except BaseException:
         for part in fetched:
             part.unlink(missing_ok=True)
         raise
-    os.replace(fetched[0], config)
-    os.replace(fetched[1], model)
     return model
 
 

@@ -435,7 +435,9 @@ class PiperEngine(Engine):
 
     def voice_loaded(self, voice_id: str) -> bool:
         self._adopt()
-        return voice_id in self._loaded or (voice_id not in self._voices and voice_id not in self._catalog)
+        # The catalog first: a download adds the voice to _voices before it leaves
+        # _catalog, so one of the two reads finds it even while it is being added.
+        return voice_id in self._loaded or (voice_id not in self._catalog and voice_id not in self._voices)
 
     def load_voice(self, voice_id: str) -> None:
         voice = self._voices.get(voice_id)

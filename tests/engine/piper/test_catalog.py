@@ -85,6 +85,14 @@ def test_a_download_that_fails_says_why_and_leaves_nothing(base, tmp_path, key, 
     assert sorted(p.name for p in folder.iterdir()) == ["keep.onnx"]
 
 
+def test_a_folder_that_cannot_be_written_is_said_in_one_line(base, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with pytest.raises(CatalogError, match="cannot write into .*a-file"):
+        download(KEY, blocked, base)
+    assert blocked.read_text() == "not a folder"
+
+
 def _voices(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "voxwire", "voices", *args], capture_output=True, text=True, timeout=120)
 
