@@ -1,7 +1,8 @@
 """``voxwire voices list | download`` against a local HTTP server in the Piper voices
 repository's layout (``voices.json`` and the files under their paths), serving a voice
-made by piper-tts's training code: a whole download, a truncated file, a wrong digest, a
-catalog without the config, a 404 and an unknown name. Nothing half-written is left."""
+made by piper-tts's training code: a whole download, a truncated file, a connection lost
+mid-file, a wrong digest, a catalog without the config, a 404 and an unknown name.
+Nothing half-written is left."""
 
 from __future__ import annotations
 
@@ -91,6 +92,16 @@ def test_a_folder_that_cannot_be_written_is_said_in_one_line(base, tmp_path):
     with pytest.raises(CatalogError, match="cannot write into .*a-file"):
         download(KEY, blocked, base)
     assert blocked.read_text() == "not a folder"
+
+
+def test_a_download_cut_off_mid_file_says_so_and_leaves_nothing(repository, tmp_path):
+    with serve(repository) as mirror:
+        mirror.cuts[f"{FOLDER}/{KEY}.onnx"] = 4096
+        with pytest.raises(CatalogError, match="4096 bytes where the catalog says"):
+            download(KEY, tmp_path, mirror.base)
+        assert list(tmp_path.iterdir()) == []
+        del mirror.cuts[f"{FOLDER}/{KEY}.onnx"]  # the control: the same mirror, not cut
+        assert download(KEY, tmp_path, mirror.base).is_file()
 
 
 def _voices(*args: str) -> subprocess.CompletedProcess:
