@@ -8,11 +8,12 @@ The words timed are the *written words* of the segment: its whitespace-separated
 stripped of surrounding punctuation (``"'()[]{},.;:!?``), that hold at least one letter or
 digit; in scripts written without spaces (Chinese, Japanese, Thai...), each character
 (engine/text/words.py). Text normalisation (engine/text) expands nothing, so these are
-also the words of the normalised text; a number or abbreviation is one written word however many words
-espeak-ng speaks for it ("1,000" is "one thousand"). Tokens of punctuation alone ("-",
-"...") are not words. Every written word gets exactly one timing, in text order, with
-``start < end`` and each word starting at or after the previous one's end (unless
-espeak-ng speaks nothing at all for the segment: then there is nothing to time).
+also the words of the normalised text; a number or abbreviation is one written word
+however many words espeak-ng speaks for it ("1,000" is "one thousand"). Tokens of
+punctuation alone ("-", "...") are not words. Every written word gets exactly one
+timing, in text order, with ``start < end`` and each word starting at or after the
+previous one's end (unless espeak-ng speaks nothing at all for the segment: then there
+is nothing to time).
 
 espeak-ng's words are not the written ones: it may speak one written word as several, and
 it joins unstressed words to their neighbour ("for the" is one phoneme word, "fɚðə"). So

@@ -118,11 +118,11 @@ class Service:
             known = ", ".join(v.id for v in voices) or "none yet"
             raise StartupError(f"--voice {voice!r} is not a voice of the {engine.name} engine (its voices: {known})")
         described = engine.voice(voice) if voice else None
-        if voice and described is not None and not described.installed:
+        if described is not None and not described.installed:
             # As wyoming-piper does: the default voice is here before the first request.
             log.info("downloading the default voice %s", voice)
             try:
-                engine.load_voice(voice)
+                engine.load_voice(described.id)
             except EngineError as e:
                 self.supervisor.stop()
                 raise StartupError(f"--voice {voice!r}: {e.message}") from None
