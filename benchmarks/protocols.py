@@ -38,6 +38,11 @@ TIMEOUT_S = 30.0
 """The longest wait for the next piece of an answer; a server silent for longer has failed."""
 
 
+REFUSALS = frozenset({"overloaded", "http_429"})
+"""A result's ``error`` where the server refused for want of capacity: protocol v1's and
+Wyoming's code, the OpenAI route's status."""
+
+
 @dataclass(frozen=True)
 class Target:
     """A server to measure, as a name in the report and a URL."""

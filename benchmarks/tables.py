@@ -146,6 +146,21 @@ def voice_downloads(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def admission(r: dict[str, Any]) -> list[str]:
+    """benchmarks/admission.py: the same flood of listeners, admission predicted and reactive."""
+    a = r["args"]
+    lines = [
+        f"| admission ({a['listeners']} listeners {a['gap']} s apart, {a['per_listener']} answers each, "
+        f"{a['rounds']} rounds, {a['door']}) | served | refused | served that underran | stall over audio served "
+        "| p95 first audio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in r["servers"].items():
+        lines.append(f"| {name} | {row['served']} of {row['answers']} | {row['refused']} | {row['underran']} | "
+                     f"{row['stall_s']:.1f} s over {row['audio_s']:.1f} s | {report._ms(row['ttfa_p95_ms'])} ms |")
+    return lines
+
+
 def ray_proxy(r: dict[str, Any]) -> list[str]:
     """One run of benchmarks/studies/ray_proxy.py: TTFA, stalled readers, sockets held."""
     t = r["ttfa_ms"]
@@ -395,6 +410,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "lexicon": lexicon,
     "voice_loading": voice_loading,
     "voice_downloads": voice_downloads,
+    "admission": admission,
     "ray_proxy": ray_proxy,
     "formats": formats,
     "wyoming": wyoming,

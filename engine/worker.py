@@ -67,6 +67,14 @@ FIRST_AUDIO_ALLOWANCE_STEPS = 4
 FIRST_AUDIO_ALLOWANCE_SECONDS = 1.0
 STEP_SECONDS_WEIGHT = 0.1
 
+# A voice's compute per second of audio is a running ratio of decayed sums, so recent
+# steps count most and each step counts by the audio it made: a first piece's short,
+# dear step does not stand for the whole of a stream.
+COST_DECAY = 0.95
+# An utterance is judged by its own figure once it has made this much audio (its speed,
+# its text's make-up), before that by its voice's.
+OWN_COST_AFTER_SECONDS = 2.0
+
 
 class Worker:
     """Owns an engine on one device and runs the scheduling loop on its own thread."""
@@ -94,6 +102,9 @@ class Worker:
         self._step_started_at: float | None = None
         self._step_seconds = 0.0
         """A running mean of its steps' durations (exponentially weighted)."""
+        self._costs: dict[str | None, tuple[float, float]] = {}
+        """Compute seconds and audio seconds, decayed (``COST_DECAY``), by voice; None for
+        every voice together. Written by this thread, read by ``load``, under the lock."""
         self._loader: ThreadPoolExecutor | None = None
         self._loading: dict[str, Future[None]] = {}
         """Voices being loaded off this thread (``Engine.load_voice``), by id."""
@@ -166,6 +177,32 @@ class Worker:
                 elif u.ready_at is not None:
                     behind = max(behind, now - u.ready_at - allowance)
         return behind
+
+    def load(self) -> float:
+        """The share of this worker's time its listeners need to be heard in real time:
+        the sum, over the utterances with work left, of their compute per second of audio
+        (an utterance's own once it has made ``OWN_COST_AFTER_SECONDS`` of audio, else
+        ``stream_cost`` of its voice). Past 1 the worker falls behind its listeners. Where
+        a wider step costs as much more time as it is wider (a CPU), one more stream adds
+        its cost; on a GPU it adds less. Any thread; takes the lock."""
+        with self._lock:
+            total = 0.0
+            for u in self._utterances:
+                if not u.runnable():  # ended, cancelled, or waiting for text: costs nothing now
+                    continue
+                made = u.produced_seconds
+                total += u.compute_seconds / made if made >= OWN_COST_AFTER_SECONDS else self._cost(u.params.voice)
+        return total
+
+    def stream_cost(self, voice: str) -> float:
+        """What a stream of ``voice`` has cost of late, in compute seconds per second of
+        audio: its voice's figure, else every voice's, else 0 (nothing measured yet)."""
+        with self._lock:
+            return self._cost(voice)
+
+    def _cost(self, voice: str) -> float:
+        spent, made = self._costs.get(voice) or self._costs.get(None) or (0.0, 0.0)
+        return spent / made if made > 0 else 0.0
 
     def utterances(self) -> list[Utterance]:
         with self._lock:
@@ -399,10 +436,12 @@ class Worker:
                 if voice is not None:
                     voice.check_lexicon(inline, what="inline phonemes for")
                 params = replace(params, lexicon=(params.lexicon or Lexicon()) | inline)
+            began = time.perf_counter()
             stream = engine.open(text, params)
         except Exception as e:  # contained: this utterance fails, the others go on
             self._fail(u, e)
             return
+        u.compute_seconds += time.perf_counter() - began  # its text's processing is its compute too
         u.begin_segment(stream)
         refusal = self.memory.refusal(stream.memory_bytes)
         if refusal is not None:
@@ -454,6 +493,7 @@ class Worker:
             self._step_seconds += STEP_SECONDS_WEIGHT * (elapsed - self._step_seconds)
             if self.on_step is not None:
                 self.on_step(elapsed, len(batch))
+        self._count_cost(batch, results, elapsed)
         for u, result in zip(batch, results):
             u.compute_seconds += elapsed / len(batch)
             u.steps += 1
@@ -463,6 +503,23 @@ class Worker:
                 self._fail(u, result)
             else:
                 self._deliver(u, result)
+
+    def _count_cost(self, batch: list[Utterance], results: list[Step | Exception], elapsed: float) -> None:
+        """Adds a step's time, shared evenly over its batch, and its audio to the figures
+        ``load`` reads."""
+        share = elapsed / len(batch)
+        made: dict[str | None, tuple[float, float]] = {}
+        for u, result in zip(batch, results):
+            if isinstance(result, Exception):
+                continue
+            seconds = sum(np.size(p) for p in result.pieces if not isinstance(p, WordTimings)) / u.sample_rate
+            for key in (u.params.voice, None):
+                spent, audio = made.get(key, (0.0, 0.0))
+                made[key] = (spent + share, audio + seconds)
+        with self._lock:
+            for key, (spent, audio) in made.items():
+                old_spent, old_audio = self._costs.get(key, (0.0, 0.0))
+                self._costs[key] = (COST_DECAY * old_spent + spent, COST_DECAY * old_audio + audio)
 
     @staticmethod
     def _step_alone(engine: Engine, stream: Stream) -> Step | Exception:

@@ -63,6 +63,15 @@ class Limits:
         "computed for longer than this (the worker cannot keep up with the listeners it has); 0: never, "
         "count only max_utterances_total", low=0,
     )
+    # Predicted, where max_listener_lag_seconds only reacts: a burst admitted before anyone
+    # is behind would otherwise break every listener it joins. Below 1 for what the worker's
+    # steps do not count, the event loop's framing and sending on the same cores: a flood
+    # of 64 listeners on 2 cores underran at 0.9 and not at 0.8 (benchmarks/README.md).
+    max_worker_load: float = _limit(
+        0.8, "refuse new utterances (overloaded) when the listeners being served, with the newcomer, would "
+        "need more than this share of the worker's time to be heard in real time, each by its measured "
+        "compute per second of audio (engines whose wider steps take longer, as on a CPU); 0: never", low=0,
+    )
     # So that one client cannot hold every slot. Per server process; a client is its
     # address, or behind a trusted proxy the address it forwards (--forwarded-allow-ips).
     max_connections_per_client: int | None = field(default=None, metadata={

@@ -53,6 +53,8 @@ class Snapshot:
     cache_bytes: int
     engine_threads: int
     """The CPU threads the engine's last step ran with."""
+    worker_load: float = 0.0
+    """The share of the worker's time its listeners need (``Worker.load``)."""
     engine: tuple[str, str, str] | None = None
     """The loaded engine's name, device and precision; None until it is loaded."""
 
@@ -116,6 +118,10 @@ SERIES = (
            ("worker", "engine", "device", "precision"), mode="liveall"),
     Series("threads", Gauge, "voxwire_threads", "Threads in the server processes", mode="livesum"),
     Series("tasks", Gauge, "voxwire_asyncio_tasks", "Tasks alive on the event loops", mode="livesum"),
+    Series("worker_load", Gauge, "voxwire_worker_load",
+           "The share of the inference thread's time its listeners need to be heard in real time, each by its "
+           "measured compute per second of audio (admission refuses past max_worker_load), by worker process",
+           ("worker",), mode="liveall"),
     Series("peak_memory", Gauge, "voxwire_peak_resident_memory_bytes", "Peak resident memory, by worker process",
            ("worker",), mode="liveall"),
 )
@@ -138,6 +144,7 @@ class Metrics:
     active_utterances: Gauge
     worker_utterances: Gauge
     queued_audio: Gauge
+    worker_load: Gauge
     ready: Gauge
     cache_bytes: Gauge
     engine_threads: Gauge
@@ -187,6 +194,7 @@ class Metrics:
         self.ready.set(int(s.ready))
         self.cache_bytes.set(s.cache_bytes)
         self.engine_threads.set(s.engine_threads)
+        self.worker_load.labels(self.worker).set(s.worker_load)
         labels = (self.worker, *s.engine) if s.engine else None
         if labels != self._engine_labels:
             if self._engine_labels is not None:

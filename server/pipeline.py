@@ -198,6 +198,18 @@ class Pipeline:
                 f"the server cannot keep up with its listeners now (one has waited {behind:.1f} s for audio); "
                 "try again shortly", RETRY_AFTER_MS,
             )
+        most = self.admission.limits.max_worker_load
+        load = worker.load() if most > 0 and engine.width_costs_time else 0.0
+        # Predicted from what each stream has cost: one more would leave the worker short
+        # of time for every listener, not just for itself. A newcomer alone is served
+        # whatever its cost: a server slower than real time still speaks, to one.
+        if load > 0 and (load := load + worker.stream_cost(settings.voice)) > most:
+            self.admission.end_utterance()
+            raise Refused(
+                ErrorCode.OVERLOADED,
+                f"the server is at its measured capacity (its listeners, with this one, would need {load:.0%} of "
+                f"its compute); try again shortly", RETRY_AFTER_MS,
+            )
         try:
             utterance = worker.submit(
                 SynthesisParams(

@@ -93,6 +93,7 @@ class Service:
             ready=self.ready(),
             cache_bytes=self.cache.bytes,
             engine_threads=worker.stats.cpu_threads,
+            worker_load=worker.load(),
             engine=(worker.engine.name, worker.engine.device, worker.engine.precision) if worker.engine else None,
         )
 

@@ -15,6 +15,7 @@ import pytest
 
 from voxwire.benchmarks.bench import PIPER_HTTP, VOXWIRE, VOXWIRE_OPENAI, VOXWIRE_WYOMING, WYOMING_PIPER, Plan, main
 from voxwire.benchmarks.process import gauge
+from voxwire.benchmarks.protocols import REFUSALS
 from voxwire.server.config import ServerConfig
 from tests.conftest import run_server
 from tests.fixtures.engines import ToneEngine
@@ -76,7 +77,11 @@ def check_run(out: Path, plan: Plan, engine: str = "piper", plots: bool = True) 
         assert [row["level"] for row in s["staggered"]] == [1, *plan.sweep_levels]
         assert [row["level"] for row in s["burst"]] == list(plan.burst_levels)
         for row in s["staggered"][1:] + s["burst"]:
-            assert row["utterances"] >= plan.utterances and row["errors"] == 0, (name, row["error_codes"])
+            # A refusal (overloaded) is a server at its measured capacity: that level is not
+            # held. Any other error is a fault.
+            assert row["utterances"] >= plan.utterances, name
+            assert row["errors"] == 0 or set(row["error_codes"]) <= REFUSALS, (name, row["error_codes"])
+            assert not (row["errors"] and row["passed"]), name
             assert 0 <= row["utterances_with_underrun"] <= min(row["utterances"], row["underruns"])
             assert (row["utterances_with_underrun"] > 0) == (row["underruns"] > 0)
             target = r["config"]["ttfa_target_ms"]

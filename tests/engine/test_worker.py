@@ -3,6 +3,7 @@
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -190,3 +191,35 @@ async def test_an_utterance_past_the_ceiling_ends_with_utterance_too_long(engine
         assert isinstance(end, Done) and audio.size == 9 * int(RATE * WORD_SECONDS)
     finally:
         w.stop()
+
+
+async def test_load_counts_what_each_stream_with_work_left_costs():
+    """0.1 s of tone a step of 0.02 s: a fifth of the worker's time a stream. Its voice's
+    figure prices a newcomer; an utterance waiting for text costs nothing; one past 2 s
+    of audio is priced by its own figure, and one that has ended is gone from the sum."""
+    engine = ToneEngine(step_delay=0.02)
+    worker = Worker(lambda: engine, WorkerOptions(warmup=False)).start()
+    worker.wait_ready(10)
+    try:
+        assert worker.load() == 0 and worker.stream_cost("tone") == 0  # nothing measured yet
+        loop = asyncio.get_running_loop()
+        first = worker.submit(TONE, loop)
+        first.feed("one two three.", final=True)
+        await drain(first)
+        cost = worker.stream_cost("tone")
+        assert 0.2 <= cost < 0.4, cost
+        assert worker.stream_cost("another") == cost  # a voice not yet heard: every voice's figure
+        assert worker.load() == 0  # it has ended
+        waiting = worker.submit(TONE, loop)
+        waiting.feed("no end yet")  # no sentence to speak: it waits for text
+        await wait_until(lambda: worker.load() == 0)  # once its text is read, nothing is left to compute
+        long = worker.submit(replace(TONE, speed=2.0), loop)  # half the audio a step: twice the cost
+        long.feed("la " * 80 + ".", final=True)
+        await wait_until(lambda: long.produced_seconds >= 2.5)
+        assert 2 * 0.2 <= worker.load() < 2 * 0.4 + 0.1, worker.load()
+        long.cancel()
+        waiting.cancel()
+        await wait_until(lambda: worker.active == 0)
+        assert worker.load() == 0
+    finally:
+        worker.stop()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 
+import httpx
 import msgpack
 import orjson
 import pytest
@@ -155,6 +157,91 @@ async def test_newcomers_are_refused_while_the_worker_cannot_keep_up_with_its_li
             while (answer := await recv_json(ws)).get("ctx") != "later" or answer["type"] == "started":
                 pass
             assert answer["type"] == "done"
+
+
+async def _event(ws: websockets.ClientConnection, heard: dict[str, int]) -> dict:
+    """The next control message; the audio frames before it are counted in ``heard``
+    (samples by ctx)."""
+    while True:
+        message = await asyncio.wait_for(ws.recv(), 30)
+        if isinstance(message, str):
+            return orjson.loads(message)
+        frame = msgpack.unpackb(message)
+        heard[frame["ctx"]] = heard.get(frame["ctx"], 0) + frame["samples"]
+
+
+async def _listen(ws: websockets.ClientConnection, ctxs: set[str], heard: dict[str, int]) -> None:
+    """Reads until each of ``ctxs`` is done."""
+    while ctxs:
+        event = await _event(ws, heard)
+        if event["type"] in ("done", "error"):
+            assert event["type"] == "done", event
+            ctxs.discard(event["ctx"])
+
+
+@pytest.mark.parametrize("most", [0.7, 0.0])
+async def test_a_newcomer_past_the_measured_capacity_is_refused_before_anyone_falls_behind(most):
+    """Reacting to a listener already behind left every listener admitted before that to
+    break. The worker measures what each stream costs: 0.1 s of tone a step of 0.025 s
+    here, a quarter of its time each. Two listeners take half; a third would take three
+    quarters, past ``max_worker_load`` (0.7 here), and is refused (overloaded, with
+    retry_after_ms) while nobody is behind; the two are heard out whole. The control, the
+    limit at 0, admits it."""
+    limits = Limits(max_worker_load=most)
+    heard: dict[str, int] = {}
+    with run_server(ServerConfig(cache_mb=0, limits=limits), engine=lambda: ToneEngine(step_delay=0.025)) as s:
+        worker = s.service.worker
+        async with websockets.connect(s.ws, max_size=None) as ws:
+            await _event(ws, heard)
+            for i in range(2):
+                await ws.send(speak(f"p{i}", "la " * 40 + ".", True))
+                assert (await _event(ws, heard))["type"] == "started"
+                await wait_until(lambda: worker.load() > 0)  # its voice's cost is measured
+            load = worker.load() + worker.stream_cost("tone")
+            assert 0.7 < load < 1.1, load  # three streams' worth: a quarter each, and a little
+            gauge = re.search(r'^voxwire_worker_load\{worker="0"\} (\S+)$', httpx.get(f"{s.http}/metrics").text, re.M)
+            assert gauge is not None and 0.4 < float(gauge.group(1)) < load  # the two alone, on /metrics
+            assert worker.behind_seconds() == 0
+            await ws.send(speak("late", "one more.", True))
+            answer = await _event(ws, heard)
+            assert answer["ctx"] == "late"
+            if most:
+                assert answer["type"] == "error" and answer["code"] == "overloaded", answer
+                assert "measured capacity" in answer["message"] and answer["retry_after_ms"] > 0
+                await _listen(ws, {"p0", "p1"}, heard)
+            else:
+                assert answer["type"] == "started", answer
+                await _listen(ws, {"p0", "p1", "late"}, heard)
+                assert heard.pop("late") == 2 * 1600
+            assert heard == {f"p{i}": 41 * 1600 for i in range(2)}  # a word is 0.1 s at 16 kHz
+            # They are done: nothing is left to compute, and the newcomer is served.
+            assert worker.load() == 0
+            await ws.send(speak("later", "one more.", True))
+            assert (await _event(ws, heard))["type"] == "started"
+            await _listen(ws, {"later"}, heard)
+            assert heard["later"] == 2 * 1600
+
+
+async def test_a_server_slower_than_real_time_still_speaks_to_one_listener():
+    """0.1 s of tone a step of 0.15 s: each stream needs 1.5 times the worker's time. A
+    newcomer alone is served whatever its cost; one beside it is refused."""
+    heard: dict[str, int] = {}
+    with run_server(ServerConfig(cache_mb=0), engine=lambda: ToneEngine(step_delay=0.15)) as s:
+        worker = s.service.worker
+        async with websockets.connect(s.ws, max_size=None) as ws:
+            await _event(ws, heard)
+            for ctx in ("a", "b"):  # the second once the first has been measured
+                await ws.send(speak(ctx, "one two.", True))
+                await _listen(ws, {ctx}, heard)
+            assert heard == {"a": 2 * 1600, "b": 2 * 1600} and worker.stream_cost("tone") > 1
+            await ws.send(speak("long", "la " * 20 + ".", True))
+            assert (await _event(ws, heard))["type"] == "started"
+            await ws.send(speak("beside", "one more.", True))
+            answer = await _event(ws, heard)
+            assert (answer["ctx"], answer["code"]) == ("beside", "overloaded"), answer
+            await ws.send(orjson.dumps({"type": "cancel", "ctx": "long"}).decode())
+            while (await _event(ws, heard))["type"] != "cancelled":
+                pass
 
 
 async def test_text_per_session_is_bounded():
