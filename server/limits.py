@@ -70,7 +70,8 @@ class Limits:
     max_worker_load: float = _limit(
         0.8, "refuse new utterances (overloaded) when the listeners being served, with the newcomer, would "
         "need more than this share of the worker's time to be heard in real time, each by its measured "
-        "compute per second of audio (engines whose wider steps take longer, as on a CPU); 0: never", low=0,
+        "compute per second of audio (engines whose wider steps take longer, as on a CPU); a newcomer alone is "
+        "always served; 0: never", low=0,
     )
     # So that one client cannot hold every slot. Per server process; a client is its
     # address, or behind a trusted proxy the address it forwards (--forwarded-allow-ips).

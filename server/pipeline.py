@@ -203,7 +203,9 @@ class Pipeline:
         # Predicted from what each stream has cost: one more would leave the worker short
         # of time for every listener, not just for itself. A newcomer alone is served
         # whatever its cost: a server slower than real time still speaks, to one.
-        if load > 0 and (load := load + worker.stream_cost(settings.voice)) > most:
+        if load > 0:
+            load += worker.stream_cost(settings.voice)
+        if load > most:
             self.admission.end_utterance()
             raise Refused(
                 ErrorCode.OVERLOADED,
